@@ -1,0 +1,52 @@
+"""What a model directory is: its id, whether it is the demo, and a fingerprint of its weights. No torch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DEMO_MARKER = "demo_checkpoint.json"
+
+
+@dataclass(frozen=True)
+class CheckpointDescription:
+    path: Path
+    model_id: str
+    is_demo: bool
+
+
+class CheckpointError(ValueError):
+    """The model directory is missing or is not a Gemma 3 / MedGemma checkpoint."""
+
+
+def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
+    model_dir = Path(model_dir)
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(
+            f"{model_dir} is not a model directory (no config.json). Point MODEL_PATH (or --model_path) at a "
+            "local download of google/medgemma-4b-it, or leave it unset to use the demo checkpoint."
+        )
+    config = json.loads(config_file.read_text())
+    if config.get("model_type") != "gemma3":
+        raise CheckpointError(
+            f"{model_dir}: model_type is {config.get('model_type')!r}, expected 'gemma3' (MedGemma 4B is a Gemma 3 model)."
+        )
+    marker = model_dir / DEMO_MARKER
+    if marker.is_file():
+        return CheckpointDescription(model_dir, json.loads(marker.read_text())["model_id"], True)
+    model_id = config.get("_name_or_path") or model_dir.name
+    return CheckpointDescription(model_dir, str(model_id), False)
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """One hash over every safetensors shard, in name order: the engine manifest's record of the weights."""
+    digest = hashlib.sha256()
+    for shard in sorted(Path(model_dir).glob("*.safetensors")):
+        digest.update(shard.name.encode())
+        with shard.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

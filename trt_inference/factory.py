@@ -1,0 +1,28 @@
+"""Create a backend by name; each branch imports only what it needs (vLLM's executor factory shape)."""
+
+from __future__ import annotations
+
+from trt_inference.base import InferenceBackend
+from trt_inference.settings import VALID_MODES, Settings
+
+
+def create_backend(mode: str, settings: Settings) -> InferenceBackend:
+    if mode == "pytorch":
+        from trt_inference.torch_model import TorchInference
+
+        model_path = settings.resolved_model_path
+        if settings.uses_demo_model:
+            from demo_checkpoint.build import ensure_demo_checkpoint
+
+            ensure_demo_checkpoint(model_path)
+        return TorchInference(model_path, device=settings.device)
+    if mode == "trt":
+        from trt_inference.trt_model import TRTInference
+
+        if settings.engine_path is None:
+            raise FileNotFoundError(
+                "No engine bundle configured. Build one with optimize_trt_engine.py and set ENGINE_PATH "
+                "(or pass --engine_path)."
+            )
+        return TRTInference(settings.engine_path)
+    raise ValueError(f"unknown inference mode {mode!r}; valid modes: {', '.join(VALID_MODES)}")
