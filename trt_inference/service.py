@@ -296,6 +296,7 @@ class InferenceService:
         breaker = self.breaker.snapshot()
         return {
             "ready": self.ready.is_set(),
+            "url": f"http://{self.settings.host}:{self.settings.port}",
             "mode": self._mode,
             "mode_label": MODE_LABELS.get(self._mode or "", "none"),
             "trt_engine": self.trt_state,

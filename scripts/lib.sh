@@ -1,0 +1,35 @@
+# shellcheck shell=bash disable=SC2034
+# Shared settings for the operator scripts. Sourced, never run.
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV_PYTHON="${REPO_ROOT}/.venv/bin/python"
+LOG_DIR="${LOG_DIR:-${REPO_ROOT}/logs}"
+PID_FILE="${LOG_DIR}/gradio_app.pid"
+LOG_FILE="${LOG_DIR}/gradio_app.log"
+CONSOLE_LOG="${LOG_DIR}/gradio_app.console.log"
+CONTROL_SOCKET="${CONTROL_SOCKET:-${LOG_DIR}/control.sock}"
+export LOG_DIR CONTROL_SOCKET
+
+die() {
+  echo "error: $*" >&2
+  exit 1
+}
+
+require_venv() {
+  [[ -x "${VENV_PYTHON}" ]] || die "no virtual environment at ${REPO_ROOT}/.venv; run scripts/setup_env.sh first"
+}
+
+# Prints the PID from the PID file if that process is alive and is our server; returns 1 otherwise.
+running_pid() {
+  [[ -f "${PID_FILE}" ]] || return 1
+  local pid
+  pid=$(tr -dc '0-9' <"${PID_FILE}")
+  [[ -n "${pid}" ]] || return 1
+  kill -0 "${pid}" 2>/dev/null || return 1
+  tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null | grep -q "app.py" || return 1
+  echo "${pid}"
+}
+
+control() {
+  "${VENV_PYTHON}" -m trt_inference.control_cli --socket "${CONTROL_SOCKET}" "$@"
+}

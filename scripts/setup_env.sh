@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create .venv with pinned requirements and generate the demo checkpoint. --dev adds test tools and chromium.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "${REPO_ROOT}"
+
+requirements=requirements.txt
+if [[ "${1:-}" == "--dev" ]]; then
+  requirements="requirements-dev.txt"
+fi
+
+if [[ ! -x "${VENV_PYTHON}" ]]; then
+  echo "creating virtual environment in .venv"
+  "${PYTHON:-python3}" -m venv .venv
+fi
+echo "installing ${requirements} (pinned)"
+"${VENV_PYTHON}" -m pip install --quiet --disable-pip-version-check -r "${requirements}"
+
+if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v chromium >/dev/null 2>&1; then
+  echo "installing Debian's chromium for the browser test"
+  if [[ $(id -u) -eq 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "warning: not root; install chromium yourself (sudo apt-get install chromium) for the browser test" >&2
+  fi
+fi
+if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v systemd-analyze >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+  echo "installing systemd's tools to verify the generated unit"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || echo "warning: systemd not installed" >&2
+fi
+
+"${VENV_PYTHON}" -m demo_checkpoint.build --output models/medgemma-demo

@@ -1,0 +1,123 @@
+"""Command line over the control channel, for the operator scripts: status, switch, inject-fault.
+
+Exit status: 0 success; 1 the server refused or the switch failed (current mode kept); 3 not reachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from trt_inference.control import send_command
+
+MODE_LABELS = {"pytorch": "PyTorch", "trt": "TensorRT", None: "none"}
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"{days}d " if days else "") + f"{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+
+
+def format_status(status: dict, pid: int | None) -> str:
+    backend = status.get("backend") or {}
+    lines = [
+        f"Status: running (PID {pid if pid else '?'}, uptime {_duration(status['uptime_s'])})",
+        f"URL: {status['url']}",
+        f"Ready: {'yes' if status['ready'] else 'no (warming up)'}",
+        f"Inference Mode: {MODE_LABELS.get(status['mode'], status['mode'])}",
+        f"TRT Engine: {status['trt_engine']}",
+        f"Executor: {backend.get('executor', 'n/a')}",
+        f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
+        f"Model: {backend.get('model_id', 'n/a')}" + ("  [DEMO: random weights]" if backend.get("is_demo") else ""),
+        f"Device: {backend.get('device', 'n/a')}",
+    ]
+    switch = status.get("last_switch")
+    if switch:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))
+        lines.append(
+            f"Last switch: {MODE_LABELS.get(switch['source'], switch['source'])} -> "
+            f"{MODE_LABELS.get(switch['target'], switch['target'])} at {when} ({switch['reason']}); "
+            f"interruption {_ms(switch['interruption_s'])}, load {switch['load_s']:.2f} s"
+        )
+    else:
+        lines.append("Last switch: none")
+    breaker = status["breaker"]
+    line = f"Circuit breaker: {breaker['state']} ({breaker['consecutive_failures']}/{breaker['threshold']} consecutive TensorRT failures"
+    line += f", {breaker['trips']} trips)"
+    if breaker["state"] == "open":
+        line += f"; fell back to PyTorch: {breaker['last_failure']}"
+    lines.append(line)
+    requests, latency = status["requests"], status["latency"]
+    lines.append(
+        f"Requests: {int(requests['requests'])}, errors: {int(requests['errors'])}, "
+        f"latency p50 {_ms(latency['p50_s'])}, p99 {_ms(latency['p99_s'])}, queue {status['queue_depth']}"
+    )
+    gpus = status.get("gpus") or []
+    if gpus:
+        for gpu in gpus:
+            lines.append(
+                f"GPU {gpu['index']} memory: {gpu['used_bytes'] / 2**30:.1f} / {gpu['total_bytes'] / 2**30:.1f} GiB, "
+                f"utilisation {gpu['util_percent']}%"
+            )
+    else:
+        lines.append("GPU memory: n/a (no NVIDIA GPU visible)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--socket", type=Path, required=True)
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--pid", type=int)
+    switch = commands.add_parser("switch")
+    switch.add_argument("mode", choices=["pytorch", "trt"])
+    fault = commands.add_parser("inject-fault")
+    fault.add_argument("count", type=int)
+    args = parser.parse_args(argv)
+
+    payload = {"command": args.command.replace("-", "_")}
+    if args.command == "switch":
+        payload["mode"] = args.mode
+    if args.command == "inject-fault":
+        payload["count"] = args.count
+    try:
+        reply = send_command(args.socket, payload)
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot reach the server's control channel at {args.socket}: {exc}", file=sys.stderr)
+        return 3
+
+    if args.command == "status":
+        if args.json:
+            print(json.dumps({"running": True, "pid": args.pid, **reply.get("status", {})}, indent=2, default=str))
+        else:
+            print(format_status(reply["status"], args.pid))
+        return 0
+    if not reply.get("ok"):
+        print(f"error: {reply.get('error')}", file=sys.stderr)
+        if reply.get("status"):
+            print(f"Inference Mode still: {MODE_LABELS.get(reply['status']['mode'])}", file=sys.stderr)
+        return 1
+    if args.command == "switch":
+        record, status = reply["switch"], reply["status"]
+        print(f"Inference Mode: {MODE_LABELS.get(status['mode'])}")
+        print(f"TRT Engine: {status['trt_engine']}")
+        print(f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}")
+    else:
+        print("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
