@@ -1,0 +1,93 @@
+"""Shared fixtures: the demo checkpoint and real server processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    from demo_checkpoint.build import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen | None, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} during start-up")
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s")
+
+
+@dataclass
+class ServerProcess:
+    url: str
+    process: subprocess.Popen
+    log_dir: Path
+
+    @property
+    def log_text(self) -> str:
+        return "".join(path.read_text(errors="replace") for path in sorted(self.log_dir.glob("*.log*")))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(log_dir: Path, *extra_args: str, env: dict | None = None) -> ServerProcess:
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    environment = {**os.environ, "LOG_DIR": str(log_dir), **(env or {})}
+    environment.pop("MODEL_PATH", None) if "MODEL_PATH" not in (env or {}) else None
+    process = subprocess.Popen(
+        [sys.executable, "app.py", "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
+        cwd=REPO_ROOT,
+        env=environment,
+        stdout=open(log_dir / "console.log", "ab"),  # noqa: SIM115 (closed with the process)
+        stderr=subprocess.STDOUT,
+    )
+    server = ServerProcess(f"http://127.0.0.1:{port}", process, log_dir)
+    try:
+        wait_ready(server.url, process)
+    except Exception:
+        server.stop()
+        raise RuntimeError(f"server did not start; log:\n{server.log_text[-4000:]}") from None
+    return server
+
+
+@pytest.fixture(scope="session")
+def demo_server(tmp_path_factory, demo_model_dir) -> ServerProcess:
+    server = start_server(tmp_path_factory.mktemp("server-logs"))
+    yield server
+    server.stop()
