@@ -39,7 +39,9 @@ def badge_markdown(service) -> str:
     if breaker.state == "open":
         text += f"\n\n⚠️ **TensorRT disabled by the circuit breaker** ({breaker.last_failure}); serving on PyTorch."
     if info.is_demo:
-        text += "\n\n⚠️ **Demo model with random weights: its answers mean nothing.** Set MODEL_PATH to a local MedGemma."
+        text += (
+            "\n\n⚠️ **Demo model with random weights: its answers mean nothing.** Set MODEL_PATH to a local MedGemma."
+        )
     return text
 
 
@@ -121,7 +123,9 @@ def build_ui(service):
                     ask_button = gr.Button("Ask", variant="primary", elem_id="ask")
                     report_button = gr.Button("Structured report", elem_id="report")
                     new_case_button = gr.Button("New case", elem_id="new-case")
-                gr.Examples(examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[question], label="Teaching-round questions")
+                gr.Examples(
+                    examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[question], label="Teaching-round questions"
+                )
                 report_box = gr.Markdown(elem_id="report-box")
 
         upload.upload(
@@ -134,7 +138,10 @@ def build_ui(service):
         question.submit(**ask_event, api_name=False, **generation)
         report_button.click(report, [case_state], [report_box], api_name="report", **generation)
         new_case_button.click(
-            new_case, None, [upload, preview, film_notes, chatbot, question, report_box, case_state], api_name="new_case"
+            new_case,
+            None,
+            [upload, preview, film_notes, chatbot, question, report_box, case_state],
+            api_name="new_case",
         )
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
         gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
@@ -164,7 +171,34 @@ def build_http_app(service, demo):
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
-    return gr.mount_gradio_app(api, demo, path="/", server_name=service.settings.host, server_port=service.settings.port)
+    return gr.mount_gradio_app(
+        api, demo, path="/", server_name=service.settings.host, server_port=service.settings.port
+    )
+
+
+class DrainingServer:
+    """uvicorn's server, but SIGTERM first lets running answers finish (the UI's event streams stay open forever,
+    so waiting on connections would always hit the timeout). A second signal stops at once."""
+
+    def __new__(cls, config, service, drain_timeout_s: float = 120.0):
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            _draining = False
+
+            def handle_exit(self, sig, frame) -> None:
+                if self._draining:
+                    return super().handle_exit(sig, frame)
+                self._draining = True
+                logger.info("signal %d: refusing new work, letting running answers finish", sig)
+                threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
+
+            def _drain_then_exit(self) -> None:
+                if not service.drain(drain_timeout_s):
+                    logger.warning("answers still running after %.0f s; stopping anyway", drain_timeout_s)
+                self.should_exit = True
+
+        return _Server(config)
 
 
 def configure_logging(log_file: Path | None) -> None:
@@ -180,7 +214,9 @@ def configure_logging(log_file: Path | None) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="MedGemma X-Ray assistant server")
     parser.add_argument("--model_path", type=Path, help="local google/medgemma-4b-it directory (default: demo model)")
-    parser.add_argument("--mode", choices=["pytorch", "trt"], help="backend at start (default: INFERENCE_MODE or pytorch)")
+    parser.add_argument(
+        "--mode", choices=["pytorch", "trt"], help="backend at start (default: INFERENCE_MODE or pytorch)"
+    )
     parser.add_argument("--engine_path", type=Path, help="engine bundle from optimize_trt_engine.py")
     parser.add_argument("--host", help="interface for the UI (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="UI port (default 7860)")
@@ -218,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         service.close()
         return 1
     app = build_http_app(service, build_ui(service))
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=60)
-    server = uvicorn.Server(config)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3
+    )
+    server = DrainingServer(config, service)
     logger.info("serving on http://%s:%d (mode %s)", settings.host, settings.port, service.mode)
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
         server.run()

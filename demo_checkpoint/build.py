@@ -15,6 +15,7 @@ from pathlib import Path
 from demo_checkpoint import DEMO_MODEL_ID
 from demo_checkpoint.chat_template import GEMMA3_CHAT_TEMPLATE
 from demo_checkpoint.corpus import RADIOLOGY_CORPUS
+from trt_inference.checkpoint import DEMO_MARKER
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,6 @@ SPECIAL_TOKENS = [
 TOKEN_ID = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
 VOCAB_TARGET = 2048
 SEED = 20261201
-from trt_inference.checkpoint import DEMO_MARKER
 
 # MedGemma-4B keeps these: 896-px SigLIP with patch 14, 256 image tokens, 5 local : 1 global attention.
 TEXT_CONFIG = dict(
@@ -125,7 +125,7 @@ def build_model(config):
 
 def write_demo_checkpoint(output_dir: Path) -> Path:
     """Write the checkpoint into output_dir (created) and return it. Same output for the same versions."""
-    from transformers import GenerationConfig, Gemma3Processor
+    from transformers import Gemma3Processor, GenerationConfig
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -10,15 +10,15 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- set loop_messages = messages[1:] -%}"
     "{%- else -%}"
-    "{%- set first_user_prefix = \"\" -%}"
+    '{%- set first_user_prefix = "" -%}'
     "{%- set loop_messages = messages -%}"
     "{%- endif -%}"
     "{%- for message in loop_messages -%}"
     "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    '{{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}'
     "{%- endif -%}"
     "{%- if (message['role'] == 'assistant') -%}"
-    "{%- set role = \"model\" -%}"
+    '{%- set role = "model" -%}'
     "{%- else -%}"
     "{%- set role = message['role'] -%}"
     "{%- endif -%}"
@@ -34,7 +34,7 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- else -%}"
-    "{{ raise_exception(\"Invalid content type\") }}"
+    '{{ raise_exception("Invalid content type") }}'
     "{%- endif -%}"
     "{{ '<end_of_turn>\n' }}"
     "{%- endfor -%}"

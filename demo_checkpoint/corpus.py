@@ -1,6 +1,7 @@
 """Text the demo tokenizer is trained on: radiology vocabulary, so demo output reads as (meaningless) words."""
 
-RADIOLOGY_CORPUS = """
+RADIOLOGY_CORPUS = (
+    """
 Findings: The lungs are clear without focal consolidation, pleural effusion, or pneumothorax.
 The cardiomediastinal silhouette is within normal limits. The heart size is normal.
 There is a right lower lobe opacity concerning for pneumonia. Small left pleural effusion.
@@ -18,4 +19,6 @@ What are the main findings? Is there a pneumothorax? Describe the heart size. Is
 Compare the two lungs. Where is the abnormality? What is the differential diagnosis?
 Which lobe is involved? Is there any line or tube? Write a structured report with findings and impression.
 You are an expert radiologist. Answer concisely for teaching rounds.
-""" * 3
+"""
+    * 3
+)

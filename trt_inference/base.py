@@ -157,7 +157,9 @@ def chat_messages(request: GenerationRequest, image_placeholder: Any = None) -> 
     for index, turn in enumerate(request.turns):
         content: list[dict] = []
         if index == 0:
-            content.append({"type": "image", "image": image_placeholder if image_placeholder is not None else request.image})
+            content.append(
+                {"type": "image", "image": image_placeholder if image_placeholder is not None else request.image}
+            )
         content.append({"type": "text", "text": turn.text})
         messages.append({"role": turn.role, "content": content})
     return messages

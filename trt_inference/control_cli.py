@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         record, status = reply["switch"], reply["status"]
         print(f"Inference Mode: {MODE_LABELS.get(status['mode'])}")
         print(f"TRT Engine: {status['trt_engine']}")
-        print(f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}")
+        print(
+            f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}"
+        )
     else:
         print("ok")
     return 0

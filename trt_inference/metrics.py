@@ -92,7 +92,14 @@ def gpu_memory_snapshot() -> list[dict]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             utilisation = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            gpus.append({"index": index, "used_bytes": memory.used, "total_bytes": memory.total, "util_percent": utilisation.gpu})
+            gpus.append(
+                {
+                    "index": index,
+                    "used_bytes": memory.used,
+                    "total_bytes": memory.total,
+                    "util_percent": utilisation.gpu,
+                }
+            )
         return gpus
     finally:
         pynvml.nvmlShutdown()

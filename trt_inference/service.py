@@ -69,6 +69,7 @@ class InferenceService:
         self._switch_max_wait = 0.0
         self._waiting = 0
         self._fault_remaining = 0
+        self._draining = False
         self.started_at = time.time()
         self.last_switch: SwitchRecord | None = None
         self.trt_state = "Not loaded"
@@ -83,6 +84,14 @@ class InferenceService:
             self._current, self._mode = backend, mode
         self.ready.set()
         self.metrics.ready.set(1)
+
+    def drain(self, timeout_s: float) -> bool:
+        """Stop admitting requests and wait for running ones. True if all finished within the timeout."""
+        self._draining = True
+        self.ready.clear()
+        self.metrics.ready.set(0)
+        with self._drained:
+            return self._drained.wait_for(lambda: not any(self._in_flight.values()) and self._waiting == 0, timeout_s)
 
     def close(self) -> None:
         self.ready.clear()
@@ -105,8 +114,11 @@ class InferenceService:
     # --- serving -------------------------------------------------------------------------------------------------
     @contextmanager
     def _lease(self) -> Iterator[tuple[InferenceBackend, str]]:
+        if self._draining:
+            raise RuntimeError("the server is shutting down; try again in a minute")
         asked = time.perf_counter()
-        self._waiting += 1
+        with self._drained:
+            self._waiting += 1
         self.metrics.queue_depth.inc()
         try:
             with self._swap_lock:
@@ -119,12 +131,12 @@ class InferenceService:
                 self._switch_max_wait = max(self._switch_max_wait, waited)
             yield backend, mode
         finally:
-            self._waiting -= 1
-            self.metrics.queue_depth.dec()
-            if "backend" in locals():
-                with self._drained:
+            with self._drained:
+                self._waiting -= 1
+                if "backend" in locals():
                     self._in_flight[id(backend)] -= 1
-                    self._drained.notify_all()
+                self._drained.notify_all()
+            self.metrics.queue_depth.dec()
 
     def stream_answer(self, request: GenerationRequest) -> Iterator[str]:
         """Yield the answer so far (cumulative text). A TensorRT failure restarts the answer on PyTorch."""
@@ -160,7 +172,9 @@ class InferenceService:
             self.breaker.record_success()
         self._observe("trt", started, stats)
 
-    def _stream_on(self, backend: InferenceBackend, request: GenerationRequest, stats: GenerationStats) -> Iterator[str]:
+    def _stream_on(
+        self, backend: InferenceBackend, request: GenerationRequest, stats: GenerationStats
+    ) -> Iterator[str]:
         text = ""
         for delta in backend.stream_generate(request, stats):
             text += delta
@@ -207,9 +221,7 @@ class InferenceService:
             if target == "trt":
                 self.breaker.reset()
             self._retire(source, old_backend)
-            record = SwitchRecord(
-                source or "", target, time.time(), load_s, swap_s, self._switch_max_wait, reason
-            )
+            record = SwitchRecord(source or "", target, time.time(), load_s, swap_s, self._switch_max_wait, reason)
             self._switch_started = None
             self.last_switch = record
             self.metrics.switches.labels(target).inc()

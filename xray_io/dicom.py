@@ -95,7 +95,9 @@ def _decode_pixels(dataset, filename: str) -> np.ndarray:
         return dataset.pixel_array
     except (RuntimeError, NotImplementedError, ImportError) as exc:
         # pydicom says RuntimeError when no plugin is installed; a half-installed plugin raises ImportError.
-        if syntax.is_compressed and (isinstance(exc, ImportError) or "plugin" in str(exc).lower() or "decod" in str(exc).lower()):
+        if syntax.is_compressed and (
+            isinstance(exc, ImportError) or "plugin" in str(exc).lower() or "decod" in str(exc).lower()
+        ):
             package = CODEC_PACKAGES.get(str(syntax), "a pydicom pixel-data plugin")
             raise MissingCodecError(
                 f"{filename}: pixel data is compressed as {syntax.name}, and no installed decoder can read it. "

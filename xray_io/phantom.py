@@ -186,7 +186,9 @@ def _jpeg_frame(frame: np.ndarray, transfer_syntax: str, bits_stored: int) -> by
     return bytes(imagecodecs.jpeg8_encode(frame, lossless=True, predictor=1, bitspersample=bits_stored))
 
 
-def write_phantom_set(folder: Path, count: int, *, size: tuple[int, int] = (512, 448), start_seed: int = 0) -> list[Path]:
+def write_phantom_set(
+    folder: Path, count: int, *, size: tuple[int, int] = (512, 448), start_seed: int = 0
+) -> list[Path]:
     """Fill a folder with labelled synthetic films (alternating PNG and 12-bit DICOM) for demos and pipeline tests."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []

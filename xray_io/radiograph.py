@@ -24,7 +24,9 @@ class Radiograph:
 
     def __post_init__(self) -> None:
         if self.pixels.dtype != np.uint8 or self.pixels.ndim != 2:
-            raise ValueError(f"Radiograph.pixels must be a 2-D uint8 array, got {self.pixels.dtype} {self.pixels.shape}")
+            raise ValueError(
+                f"Radiograph.pixels must be a 2-D uint8 array, got {self.pixels.dtype} {self.pixels.shape}"
+            )
 
     @property
     def shape(self) -> tuple[int, int]:

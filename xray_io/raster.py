@@ -44,6 +44,8 @@ def read_raster(data: bytes, filename: str = "upload") -> Radiograph:
         film = np.asarray(image.convert("L"))
         depth = "8-bit colour"
     else:
-        raise UnsupportedImageError(f"{filename}: pixel mode {image.mode} is not supported; save it as 8- or 16-bit PNG.")
+        raise UnsupportedImageError(
+            f"{filename}: pixel mode {image.mode} is not supported; save it as 8- or 16-bit PNG."
+        )
     logger.info("decoded %s %s size=%dx%d", image.format, depth, film.shape[1], film.shape[0])
     return Radiograph(pixels=np.ascontiguousarray(film), source=f"{image.format} {depth}", warnings=tuple(warnings))

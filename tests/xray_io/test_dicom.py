@@ -109,9 +109,7 @@ def test_dicom_is_recognised_by_content_not_extension(tmp_path):
 
 def test_no_patient_identifiers_in_logs(caplog):
     caplog.set_level(logging.DEBUG)
-    data = dicom_bytes(
-        quantize(FILM, 12), bits_stored=12, patient_name="Sentinel^Person", patient_id="PID-SENTINEL-42"
-    )
+    data = dicom_bytes(quantize(FILM, 12), bits_stored=12, patient_name="Sentinel^Person", patient_id="PID-SENTINEL-42")
     load_radiograph(data, "film.dcm")
     with pytest.raises(UnsupportedImageError):
         load_radiograph(dicom_bytes(quantize(FILM, 12), bits_stored=12, modality="MR", patient_id="PID-SENTINEL-42"))
@@ -120,7 +118,9 @@ def test_no_patient_identifiers_in_logs(caplog):
         assert identifier not in caplog.text
 
 
-@pytest.mark.parametrize("syntax,package", [("jpeg-2000-lossless", "pylibjpeg-openjpeg"), ("jpeg-ls-lossless", "pyjpegls")])
+@pytest.mark.parametrize(
+    "syntax,package", [("jpeg-2000-lossless", "pylibjpeg-openjpeg"), ("jpeg-ls-lossless", "pyjpegls")]
+)
 def test_missing_codec_names_the_package(tmp_path, syntax, package):
     path = tmp_path / "film.dcm"
     path.write_bytes(dicom_bytes(quantize(FILM, 12), bits_stored=12, transfer_syntax=syntax))

@@ -1,0 +1,69 @@
+"""The page in headless Chromium (Debian's, driven by Playwright): upload a film, ask, watch the answer stream."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.conftest import ARTIFACTS
+from xray_io.phantom import chest_phantom, dicom_bytes, quantize
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+COUNT_CHAT_MUTATIONS = """
+() => {
+  window.__chatMutations = 0;
+  const chat = document.querySelector('#chat');
+  new MutationObserver(() => { window.__chatMutations += 1; })
+    .observe(chat, {subtree: true, childList: true, characterData: true});
+}
+"""
+
+
+def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    if not shutil.which("chromium"):
+        pytest.fail("Debian's chromium is not installed; run scripts/setup_env.sh --dev (apt-get install chromium)")
+    film = tmp_path / "chest.dcm"
+    film.write_bytes(dicom_bytes(quantize(chest_phantom(seed=2), 12), bits_stored=12, window=(2048, 4096)))
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(demo_server.url, wait_until="load")
+        page.wait_for_selector("#model-badge :text('Mode:')", timeout=60_000)
+        assert "Demo model with random weights" in page.inner_text("#model-badge")
+        assert "not for diagnosis" in page.content()
+
+        page.set_input_files("#film-upload input[type=file]", str(film))
+        page.wait_for_selector("#film-notes :text('Loaded:')", timeout=60_000)
+        assert "DICOM DX" in page.inner_text("#film-notes")
+        page.wait_for_selector("#film-preview img", timeout=30_000)
+
+        page.evaluate(COUNT_CHAT_MUTATIONS)
+        page.fill("#question textarea", "What are the main findings?")
+        page.click("#ask")
+        bot = page.locator("#chat .bot").last
+        bot.wait_for(timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelector('#ask') && !document.querySelector('#ask').disabled "
+            "&& document.querySelectorAll('#chat .bot').length > 0 "
+            "&& document.querySelector('#chat .bot').innerText.trim().length > 20",
+            timeout=120_000,
+        )
+        page.wait_for_timeout(1500)  # let the last update land
+        answer = bot.inner_text().strip()
+        mutations = page.evaluate("() => window.__chatMutations")
+        page.screenshot(path=str(ARTIFACTS / "browser_chat.png"), full_page=True)
+        browser.close()
+
+    assert len(answer) > 20
+    assert mutations > 3, f"expected the answer to arrive in several updates, saw {mutations} DOM changes"
