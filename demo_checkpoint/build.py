@@ -120,6 +120,10 @@ def build_model(config):
         embeddings = model.get_input_embeddings().weight
         for token in ("<eos>", "<end_of_turn>", "<pad>"):
             embeddings[TOKEN_ID[token]].zero_()
+        # transformers initialises the projector to zeros, which would make every film look the same to the
+        # model. A random projection at the text embeddings' scale makes answers depend on the image.
+        projector = model.model.multi_modal_projector.mm_input_projection_weight
+        projector.normal_(mean=0.0, std=0.05, generator=torch.Generator().manual_seed(SEED + 1))
     return model
 
 
