@@ -91,3 +91,42 @@ def demo_server(tmp_path_factory, demo_model_dir) -> ServerProcess:
     server = start_server(tmp_path_factory.mktemp("server-logs"))
     yield server
     server.stop()
+
+
+def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "optimize_trt_engine.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s
+    )
+
+
+@pytest.fixture(scope="session")
+def synthetic_films(tmp_path_factory) -> Path:
+    from xray_io.phantom import write_phantom_set
+
+    folder = tmp_path_factory.mktemp("calib")
+    write_phantom_set(folder, 12)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
+    """The CI build: demo checkpoint, synthetic films, INT8 Q/DQ, TensorRT-RTX ahead-of-time engines."""
+    bundle = tmp_path_factory.mktemp("engines") / "demo-int8"
+    result = run_optimizer(
+        "--model_path", str(demo_model_dir), "--calib_images", str(synthetic_films), "--precision", "int8",
+        "--output_path", str(bundle), "--target", "tensorrt-rtx", "--max_seq_len", "1024", "--max_batch", "2",
+        "--keep_fp32_onnx",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-6000:]
+    return bundle
+
+
+@pytest.fixture(scope="session")
+def fp32_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
+    bundle = tmp_path_factory.mktemp("engines") / "demo-fp32"
+    result = run_optimizer(
+        "--model_path", str(demo_model_dir), "--calib_images", str(synthetic_films), "--precision", "fp32",
+        "--output_path", str(bundle), "--target", "none", "--max_seq_len", "1536", "--max_batch", "2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-6000:]
+    return bundle

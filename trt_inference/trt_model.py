@@ -24,7 +24,7 @@ from trt_inference.base import (
     InferenceBackend,
     chat_messages,
 )
-from trt_inference.engine.manifest import ManifestError, check_engine_compatibility, read_manifest
+from trt_inference.engine.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
 from trt_inference.engine.masks import attention_masks, image_block_ids
 
 logger = logging.getLogger(__name__)
@@ -86,10 +86,14 @@ class TRTInference(InferenceBackend):
         if importlib.util.find_spec(module) is None:
             raise ManifestError(f"the bundle needs the {module} Python package, which is not installed")
         trt = importlib.import_module(module)
+        check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
         from trt_inference.runtime.cuda_memory import device_compute_capability
 
-        gpu_name, capability = device_compute_capability(0)
-        check_engine_compatibility(manifest, trt.__version__, gpu_name, capability)
+        try:
+            gpu_name, capability = device_compute_capability(0)
+        except (ImportError, RuntimeError) as exc:
+            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {exc}") from exc
+        check_gpu(manifest, gpu_name, capability)
         from trt_inference.runtime.tensorrt_executor import TensorRTExecutor
 
         return TensorRTExecutor(self.bundle_dir, manifest, sequence_slots)

@@ -49,21 +49,25 @@ def rebuild_command(manifest: dict) -> str:
     )
 
 
-def check_engine_compatibility(manifest: dict, runtime_version: str, gpu_name: str, compute_capability: str) -> None:
-    """Refuse engines built for another TensorRT version or GPU generation, naming both and the fix."""
-    built = manifest["tensorrt"]
-    problems = []
-    if built.get("version") != runtime_version:
-        problems.append(f"TensorRT version: engine built with {built.get('version')}, this host has {runtime_version}")
-    hardware_portable = built.get("hardware_compatibility") == "AMPERE_PLUS" and float(compute_capability) >= 8.0
-    if built.get("compute_capability") != compute_capability and not hardware_portable:
-        problems.append(
-            f"GPU: engine built for compute capability {built.get('compute_capability')} "
-            f"({built.get('gpu_name')}), this host has {compute_capability} ({gpu_name})"
-        )
-    if problems:
+def check_tensorrt_version(manifest: dict, runtime_version: str) -> None:
+    """Plans only load in the TensorRT version that built them; say so before deserialising."""
+    built = manifest["tensorrt"].get("version")
+    if built != runtime_version:
         raise ManifestError(
-            "This engine bundle cannot run here. "
-            + "; ".join(problems)
-            + f". Rebuild it on this host: {rebuild_command(manifest)}"
+            f"This engine bundle cannot run here: TensorRT version mismatch, engine built with "
+            f"{manifest['tensorrt'].get('target')} {built}, this host has {runtime_version}. "
+            f"Rebuild it on this host: {rebuild_command(manifest)}"
+        )
+
+
+def check_gpu(manifest: dict, gpu_name: str, compute_capability: str) -> None:
+    """Plans are specific to a GPU generation unless built hardware-compatible (Ampere+)."""
+    built = manifest["tensorrt"]
+    allowed = str(built.get("compute_capability") or "").split(",")
+    portable = built.get("hardware_compatibility") == "AMPERE_PLUS" and float(compute_capability) >= 8.0
+    if compute_capability not in allowed and f"SM{compute_capability.replace('.', '')}" not in allowed and not portable:
+        raise ManifestError(
+            f"This engine bundle cannot run here: GPU mismatch, engine built for compute capability "
+            f"{built.get('compute_capability')} ({built.get('gpu_name')}), this host has {compute_capability} "
+            f"({gpu_name}). Rebuild it on this host: {rebuild_command(manifest)}"
         )

@@ -139,22 +139,25 @@ def build_bundle(options: BuildOptions) -> dict:
     precision_dir = out / "onnx" / options.precision
     precision_dir.mkdir(parents=True, exist_ok=True)
     with Step(2, f"quantize to {options.precision} with ModelOpt"):
-        fp32_bundle = TRTInference(out, executor="onnxruntime-cpu")
-        progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
-        feeds, pixel_batches = record_decoder_feeds(fp32_bundle, calibration_images, options.calibration_decode_steps,
-                                                    progress=progress.update)  # fmt: skip
-        progress.close()
-        fp32_bundle.close()
-        import numpy as np
+        feeds, qdq = [], {}
+        if options.precision == "fp32":
+            logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
+        else:
+            fp32_bundle = TRTInference(out, executor="onnxruntime-cpu")
+            progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
+            feeds, pixel_batches = record_decoder_feeds(fp32_bundle, calibration_images, options.calibration_decode_steps,
+                                                        progress=progress.update)  # fmt: skip
+            progress.close()
+            fp32_bundle.close()
+            import numpy as np
 
-        vision_data = {"pixel_values": np.concatenate(pixel_batches)}
-        qdq = {}
-        for graph in GRAPHS:
-            calibration = vision_data if graph == "vision" else FeedReader(feeds)
-            quantize_graph(graph, fp32_dir / f"{graph}.onnx", precision_dir / f"{graph}.onnx", options.precision,
-                           calibration, options.calibration_method)  # fmt: skip
-            qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
-            logger.info("  %s: %s", graph, qdq[graph])
+            vision_data = {"pixel_values": np.concatenate(pixel_batches)}
+            for graph in GRAPHS:
+                calibration = vision_data if graph == "vision" else FeedReader(feeds)
+                quantize_graph(graph, fp32_dir / f"{graph}.onnx", precision_dir / f"{graph}.onnx", options.precision,
+                               calibration, options.calibration_method)  # fmt: skip
+                qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
+                logger.info("  %s: %s", graph, qdq[graph])
 
     engines = {g: None for g in GRAPHS}
     trt_record = {"target": None, "version": None, "gpu_name": None, "compute_capability": None}

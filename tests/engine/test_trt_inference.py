@@ -1,0 +1,165 @@
+"""TRTInference through ONNX Runtime against the PyTorch backend, with no torch in its process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO_ROOT
+from trt_inference.base import ChatTurn, GenerationRequest
+from trt_inference.engine.manifest import ManifestError, check_gpu
+from xray_io import load_radiograph
+from xray_io.phantom import chest_phantom, png_bytes, quantize
+from xray_io.preprocess import model_input_image
+
+pytestmark = pytest.mark.slow
+FIRST_N = 16
+
+
+@pytest.fixture(scope="module")
+def torch_backend(demo_model_dir):
+    from trt_inference.torch_model import TorchInference
+
+    backend = TorchInference(demo_model_dir, device="cpu")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def film():
+    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8)), "held_out.png"))
+
+
+def torch_tokens(backend, request):
+    from trt_inference.engine.verify import reference_tokens
+
+    return reference_tokens(backend, request)[0]
+
+
+def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film):
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(int8_bundle)
+    info = bundle.info()
+    assert (info.mode, info.executor, info.precision, info.device) == ("tensorrt", "onnxruntime-cpu", "int8", "cpu")
+    first = GenerationRequest(film, (ChatTurn("user", "What are the main findings?"),), max_new_tokens=FIRST_N)
+    answer = bundle.generate(first)
+    second = GenerationRequest(
+        film, (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "Is the heart enlarged?")), max_new_tokens=FIRST_N
+    )
+    for request in (first, second):
+        produced = [token for token, _ in bundle.generate_tokens(request)]
+        expected = torch_tokens(torch_backend, request)
+        agreement = np.mean([a == b for a, b in zip(expected, produced, strict=True)])
+        assert len(produced) == FIRST_N
+        assert agreement == 1.0, f"INT8 greedy tokens agree with PyTorch on {agreement:.0%} of the first {FIRST_N}"
+    cosine_value = _cosine(torch_backend.image_features([film]), bundle.image_features([film]))
+    assert cosine_value > 0.995
+    bundle.close()
+
+
+def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend, film):
+    """A conversation longer than the demo's 512-token window: explicit masks must match transformers' own."""
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(fp32_bundle)
+    history = (
+        ChatTurn("user", "Describe the lungs, pleura, heart, mediastinum, bones and every device you can see. " * 6),
+        ChatTurn("assistant", "The lungs are clear. The heart size is normal. No pleural effusion. " * 8),
+        ChatTurn("user", "Now compare both costophrenic angles and comment on the hemidiaphragms."),
+    )
+    request = GenerationRequest(film, history, max_new_tokens=24)
+    assert bundle.prompt_ids(request).shape[1] > 512 + 50
+    produced = [token for token, _ in bundle.generate_tokens(request)]
+    assert produced == torch_tokens(torch_backend, request)
+    bundle.close()
+
+
+def test_torch_free_preprocessing_matches_the_hf_processor(fp32_bundle, torch_backend, film):
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(fp32_bundle)
+    request = GenerationRequest(film, (ChatTurn("user", "Any effusion?"), ChatTurn("assistant", "No."), ChatTurn("user", "Sure?")))
+    expected = torch_backend.model_inputs(request)
+    assert np.array_equal(bundle.prompt_ids(request), expected["input_ids"].numpy())
+    pixels = bundle.preprocess([film])
+    assert np.abs(pixels - expected["pixel_values"].numpy()).max() < 1e-6
+    bundle.close()
+
+
+def test_runs_in_a_process_where_torch_cannot_be_imported(int8_bundle, film, tmp_path):
+    image_path = tmp_path / "film.png"
+    film.save(image_path)
+    script = f"""
+import importlib.abc, sys
+class NoTorch(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is not available in this process")
+sys.meta_path.insert(0, NoTorch())
+try:
+    import torch
+    sys.exit("torch imported")
+except ImportError:
+    pass
+from PIL import Image
+from trt_inference.base import ChatTurn, GenerationRequest
+from trt_inference.trt_model import TRTInference
+backend = TRTInference({str(int8_bundle)!r})
+request = GenerationRequest(Image.open({str(image_path)!r}).convert("RGB"), (ChatTurn("user", "Findings?"),), max_new_tokens=8)
+text = "".join(backend.stream_generate(request))
+print("EXECUTOR", backend.info().executor)
+print("ANSWER", len(text), repr(text))
+print("TORCH LOADED", any(m == "torch" or m.startswith("torch.") for m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "EXECUTOR onnxruntime-cpu" in result.stdout
+    assert "TORCH LOADED False" in result.stdout
+    answer_line = next(line for line in result.stdout.splitlines() if line.startswith("ANSWER"))
+    assert int(answer_line.split()[1]) > 0
+
+
+def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path):
+    import tensorrt_rtx
+
+    from trt_inference.trt_model import TRTInference
+
+    bundle = tmp_path / "old"
+    shutil.copytree(int8_bundle, bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["tensorrt"]["version"] = "1.0.0.21"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError) as error:
+        TRTInference(bundle, executor="tensorrt")
+    message = str(error.value)
+    assert "1.0.0.21" in message and tensorrt_rtx.__version__ in message
+    assert "Rebuild it on this host: python optimize_trt_engine.py" in message and "--precision int8" in message
+
+
+def test_engine_for_another_gpu_is_refused():
+    manifest = {"tensorrt": {"target": "tensorrt", "version": "10.13.0", "gpu_name": "NVIDIA L40S",
+                             "compute_capability": "8.9", "hardware_compatibility": "NONE"},
+                "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"}}  # fmt: skip
+    with pytest.raises(ManifestError, match=r"built for compute capability 8.9 \(NVIDIA L40S\), this host has 9.0 \(NVIDIA H200\)"):
+        check_gpu(manifest, "NVIDIA H200", "9.0")
+    check_gpu(manifest, "NVIDIA L40S", "8.9")  # the same GPU generation loads
+    manifest["tensorrt"]["hardware_compatibility"] = "AMPERE_PLUS"
+    check_gpu(manifest, "NVIDIA H200", "9.0")  # hardware-compatible plans run on any Ampere+ GPU
+
+
+def test_onnx_only_bundle_refuses_the_tensorrt_executor_with_the_fix(fp32_bundle):
+    from trt_inference.trt_model import TRTInference
+
+    with pytest.raises(ManifestError, match="--from_onnx"):
+        TRTInference(fp32_bundle, executor="tensorrt")
+
+
+def _cosine(a, b):
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
