@@ -1,0 +1,95 @@
+"""Full-size check on a GPU host: export a MedGemma-4B-shaped model (random weights) with the engine pipeline's
+exporter and compare every graph with PyTorch in ONNX Runtime (CPU), on prefill and decode shapes.
+
+Run on the device machine:  python3 benchmarks/h200_export_parity.py --output $OUT
+Random weights give real shapes and sizes, not meaningful text. Prints a table last; JSON in --output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def medgemma_4b_config():
+    from transformers import Gemma3Config
+
+    text = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=256, vocab_size=262208, sliding_window=1024,
+                rope_scaling={"rope_type": "linear", "factor": 8.0})  # fmt: skip
+    vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                  image_size=896, patch_size=14, vision_use_head=False)  # fmt: skip
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256, boi_token_index=255999,
+                        eoi_token_index=256000, image_token_index=262144)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output", type=Path, default=Path("."))
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/medgemma-export"))
+    args = parser.parse_args()
+    import onnxruntime
+    import torch
+    import transformers
+    from transformers import Gemma3ForConditionalGeneration
+
+    from trt_inference.engine.graphs import export_graphs
+    from trt_inference.engine.parity import check_export_parity
+
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(0),
+                     "cpu_cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__}  # fmt: skip
+
+    def save() -> None:
+        (args.output / "h200_export_parity.json").write_text(json.dumps(results, indent=2))
+
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    with torch.device("cuda"):
+        model = Gemma3ForConditionalGeneration(medgemma_4b_config())
+    model = model.float().eval()
+    model.set_attn_implementation("eager")
+    results["params_billion"] = sum(p.numel() for p in model.parameters()) / 1e9
+    results["init_s"] = time.perf_counter() - started
+    print(
+        f"model: {results['params_billion']:.2f} B params fp32 on {results['gpu']} in {results['init_s']:.0f} s",
+        flush=True,
+    )
+    save()
+
+    pixels = torch.randn(1, 3, 896, 896, device="cuda")
+    started = time.perf_counter()
+    export_graphs(
+        model,
+        args.workdir,
+        pixels,
+        progress=lambda g: print(f"  exported {g} at {time.perf_counter() - started:.0f} s", flush=True),
+    )
+    results["export_s"] = time.perf_counter() - started
+    results["onnx_bytes"] = {p.name: p.stat().st_size for p in sorted(args.workdir.iterdir())}
+    save()
+
+    started = time.perf_counter()
+    figures = check_export_parity(model, args.workdir, pixels, tolerance=1e-2)
+    results["parity_max_relative_error"] = figures
+    results["parity_s"] = time.perf_counter() - started
+    save()
+
+    print("\n| graph / shape | max relative error (ORT CPU fp32 vs PyTorch CUDA fp32) |")
+    print("|---|---|")
+    for name, value in figures.items():
+        print(f"| {name} | {value:.2e} |")
+    print(f"\nexport {results['export_s']:.0f} s, parity {results['parity_s']:.0f} s; ONNX sizes (GB): "
+          + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in results["onnx_bytes"].items()))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
