@@ -50,6 +50,8 @@ def main() -> int:
     def save() -> None:
         (args.output / "h200_export_parity.json").write_text(json.dumps(results, indent=2))
 
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 reference means fp32: no TF32 in GEMMs or convolutions
+    torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     started = time.perf_counter()
     with torch.device("cuda"):
