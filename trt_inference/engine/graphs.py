@@ -102,13 +102,15 @@ def export_graphs(model, output_dir, sample_pixels: torch.Tensor, progress=None)
         files["vision"] = "vision.onnx"
         if progress:
             progress("vision")
-        ids = torch.tensor([[2, 4, 5, 6]], dtype=torch.long)
+        device = sample_pixels.device
+        ids = torch.tensor([[2, 4, 5, 6]], dtype=torch.long, device=device)
         _export(EmbedGraph(model), (ids,), output_dir / "embed.onnx", ["input_ids"], ["inputs_embeds"],
                 {"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}})  # fmt: skip
         files["embed"] = "embed.onnx"
         if progress:
             progress("embed")
         decoder_inputs = sample_decoder_inputs(shape, batch=1, new=3, past=2, dtype=next(model.parameters()).dtype)
+        decoder_inputs = {name: value.to(device) for name, value in decoder_inputs.items()}
         input_names = ["inputs_embeds", "position_ids", "full_mask", "sliding_mask", *shape.kv_names("past")]
         output_names = ["logits", *shape.kv_names("present")]
         axes = {

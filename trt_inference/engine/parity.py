@@ -35,7 +35,7 @@ def check_export_parity(model, onnx_dir, pixel_values: torch.Tensor, tolerance: 
         produced = vision.run(None, {"pixel_values": pixel_values.float().cpu().numpy()})[0]
         figures["vision"] = _max_relative_error(expected, produced)
         del vision
-        ids = torch.tensor([[2, 4, 5, 6, 7, 8, 9, 10]], dtype=torch.long)
+        ids = torch.tensor([[2, 4, 5, 6, 7, 8, 9, 10]], dtype=torch.long)  # moved to the model's device below
         expected = EmbedGraph(model)(ids.to(device)).float().cpu().numpy()
         figures["embed"] = _max_relative_error(expected, session("embed").run(None, {"input_ids": ids.numpy()})[0])
         decoder = session("decoder")
