@@ -156,15 +156,27 @@ def sample_decoder_inputs(shape: DecoderShape, batch: int, new: int, past: int, 
 
 
 def _export(module, args, path, input_names, output_names, dynamic_axes) -> None:
-    """TorchScript export: measured exact here on Gemma 3 (ORT parity ~1e-6); large models go to external data."""
+    """TorchScript export: measured exact here on Gemma 3 (ORT parity ~1e-6).
+
+    Exported into a scratch folder first: past 2 GB torch writes one external file per tensor; the bundle gets
+    one graph file plus, for large graphs, one '<graph>.onnx.data' file.
+    """
+    import tempfile
+    from pathlib import Path
+
     import onnx
 
     module.eval()
-    torch.onnx.export(
-        module, args, str(path), input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
-        opset_version=OPSET, dynamo=False, do_constant_folding=True,
-    )  # fmt: skip
-    model = onnx.load(str(path), load_external_data=True)
-    if model.ByteSize() > 1_900_000_000 or any(p.name != path.name for p in path.parent.glob(f"{path.stem}*")):
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=f"{path.name}.data", size_threshold=1024)  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as scratch:
+        scratch_path = Path(scratch) / path.name
+        torch.onnx.export(
+            module, args, str(scratch_path), input_names=input_names, output_names=output_names,
+            dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False, do_constant_folding=True,
+        )  # fmt: skip
+        model = onnx.load(str(scratch_path), load_external_data=True)
+        weight_bytes = sum(len(tensor.raw_data) for tensor in model.graph.initializer)
+        if weight_bytes > 1_800_000_000:
+            onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=f"{path.name}.data", size_threshold=1024)  # fmt: skip
+        else:
+            onnx.save_model(model, str(path))
