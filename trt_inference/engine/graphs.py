@@ -88,7 +88,9 @@ class DecoderGraph(nn.Module):
         return (logits, *presents)
 
 
-def export_graphs(model, output_dir, sample_pixels: torch.Tensor, progress=None) -> dict[str, str]:
+def export_graphs(
+    model, output_dir, sample_pixels: torch.Tensor, progress=None, graphs=("vision", "embed", "decoder")
+) -> dict[str, str]:
     """Export vision, embed and decoder graphs (fp32) to output_dir. Returns {graph: file name}."""
     from pathlib import Path
 
@@ -97,11 +99,14 @@ def export_graphs(model, output_dir, sample_pixels: torch.Tensor, progress=None)
     shape = DecoderShape.from_config(model.config)
     files = {}
     with torch.inference_mode():
-        _export(VisionGraph(model), (sample_pixels,), output_dir / "vision.onnx", ["pixel_values"], ["image_embeds"],
-                {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}})  # fmt: skip
-        files["vision"] = "vision.onnx"
-        if progress:
-            progress("vision")
+        if "vision" in graphs:
+            _export(VisionGraph(model), (sample_pixels,), output_dir / "vision.onnx", ["pixel_values"], ["image_embeds"],
+                    {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}})  # fmt: skip
+            files["vision"] = "vision.onnx"
+            if progress:
+                progress("vision")
+        if "decoder" not in graphs:
+            return files
         device = sample_pixels.device
         ids = torch.tensor([[2, 4, 5, 6]], dtype=torch.long, device=device)
         _export(EmbedGraph(model), (ids,), output_dir / "embed.onnx", ["input_ids"], ["inputs_embeds"],
