@@ -95,7 +95,11 @@ def demo_server(tmp_path_factory, demo_model_dir) -> ServerProcess:
 
 def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "optimize_trt_engine.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout_s
+        [sys.executable, "optimize_trt_engine.py", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 

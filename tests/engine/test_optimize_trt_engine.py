@@ -53,7 +53,9 @@ def test_tensorrt_rtx_built_every_graph_fp_and_qdq(int8_bundle, tmp_path):
     builder = EngineBuilder("tensorrt-rtx", workspace_gib=1)
     profiles = graph_profiles(manifest["shapes"])
     for graph in ("vision", "embed", "decoder"):
-        seconds = builder.build(int8_bundle / "onnx" / "fp32" / f"{graph}.onnx", tmp_path / f"{graph}.fp32.plan", profiles[graph])
+        seconds = builder.build(
+            int8_bundle / "onnx" / "fp32" / f"{graph}.onnx", tmp_path / f"{graph}.fp32.plan", profiles[graph]
+        )
         assert seconds > 0 and (tmp_path / f"{graph}.fp32.plan").stat().st_size > 10_000
 
 
@@ -71,9 +73,13 @@ def test_build_fails_when_accuracy_crosses_a_threshold(demo_model_dir, synthetic
 def test_bad_inputs_exit_non_zero_with_a_reason(demo_model_dir, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = run_optimizer("--model_path", str(demo_model_dir), "--calib_images", str(empty), "--output_path", str(tmp_path / "x"))
+    result = run_optimizer(
+        "--model_path", str(demo_model_dir), "--calib_images", str(empty), "--output_path", str(tmp_path / "x")
+    )
     assert result.returncode == 1 and "no usable films" in result.stderr
-    result = run_optimizer("--model_path", str(tmp_path), "--calib_images", str(empty), "--output_path", str(tmp_path / "y"))
+    result = run_optimizer(
+        "--model_path", str(tmp_path), "--calib_images", str(empty), "--output_path", str(tmp_path / "y")
+    )
     assert result.returncode == 1 and "not a model directory" in result.stderr
 
 

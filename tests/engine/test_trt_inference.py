@@ -50,7 +50,9 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
     first = GenerationRequest(film, (ChatTurn("user", "What are the main findings?"),), max_new_tokens=FIRST_N)
     answer = bundle.generate(first)
     second = GenerationRequest(
-        film, (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "Is the heart enlarged?")), max_new_tokens=FIRST_N
+        film,
+        (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "Is the heart enlarged?")),
+        max_new_tokens=FIRST_N,
     )
     for request in (first, second):
         produced = [token for token, _ in bundle.generate_tokens(request)]
@@ -84,7 +86,9 @@ def test_torch_free_preprocessing_matches_the_hf_processor(fp32_bundle, torch_ba
     from trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(fp32_bundle)
-    request = GenerationRequest(film, (ChatTurn("user", "Any effusion?"), ChatTurn("assistant", "No."), ChatTurn("user", "Sure?")))
+    request = GenerationRequest(
+        film, (ChatTurn("user", "Any effusion?"), ChatTurn("assistant", "No."), ChatTurn("user", "Sure?"))
+    )
     expected = torch_backend.model_inputs(request)
     assert np.array_equal(bundle.prompt_ids(request), expected["input_ids"].numpy())
     pixels = bundle.preprocess([film])
@@ -146,7 +150,9 @@ def test_engine_for_another_gpu_is_refused():
     manifest = {"tensorrt": {"target": "tensorrt", "version": "10.13.0", "gpu_name": "NVIDIA L40S",
                              "compute_capability": "8.9", "hardware_compatibility": "NONE"},
                 "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"}}  # fmt: skip
-    with pytest.raises(ManifestError, match=r"built for compute capability 8.9 \(NVIDIA L40S\), this host has 9.0 \(NVIDIA H200\)"):
+    with pytest.raises(
+        ManifestError, match=r"built for compute capability 8.9 \(NVIDIA L40S\), this host has 9.0 \(NVIDIA H200\)"
+    ):
         check_gpu(manifest, "NVIDIA H200", "9.0")
     check_gpu(manifest, "NVIDIA L40S", "8.9")  # the same GPU generation loads
     manifest["tensorrt"]["hardware_compatibility"] = "AMPERE_PLUS"

@@ -20,7 +20,12 @@ def _max_relative_error(reference: np.ndarray, produced: np.ndarray) -> float:
 
 
 def check_export_parity(
-    model, onnx_dir, pixel_values: torch.Tensor, tolerance: float = 1e-3, providers=None, graphs=("vision", "embed", "decoder")
+    model,
+    onnx_dir,
+    pixel_values: torch.Tensor,
+    tolerance: float = 1e-3,
+    providers=None,
+    graphs=("vision", "embed", "decoder"),
 ) -> dict:
     """Max error relative to each output's largest magnitude, per graph and shape. Raises ParityError if above."""
     import onnxruntime as ort
@@ -66,7 +71,10 @@ def _decoder_parity(model, session, shape, device) -> dict:
     for label, new, past in (("decoder_prefill", 300, 1), ("decoder_step", 1, 301)):
         inputs = sample_decoder_inputs(shape, batch=1, new=new, past=past, dtype=dtype)
         expected = decoder_module(*[value.to(device) for value in inputs.values()])
-        feeds = {name: value.float().numpy() if value.is_floating_point() else value.numpy() for name, value in inputs.items()}
+        feeds = {
+            name: value.float().numpy() if value.is_floating_point() else value.numpy()
+            for name, value in inputs.items()
+        }
         produced = decoder.run(None, feeds)
         figures[f"{label}_logits"] = _max_relative_error(expected[0].float().cpu().numpy(), produced[0])
         figures[f"{label}_kv"] = max(

@@ -198,7 +198,9 @@ class _TensorRTSequence:
                     cuda_call(_cudart().cudaMemsetAsync(buffer.pointer, 0, nbytes, e.stream.handle))
                 self.past_length = 1
             if self.past_length + new != total:
-                raise ValueError(f"mask covers {total} keys, but the cache holds {self.past_length} plus {new} new tokens")
+                raise ValueError(
+                    f"mask covers {total} keys, but the cache holds {self.past_length} plus {new} new tokens"
+                )
             feeds = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": position_ids.astype(np.int64),
                      "full_mask": full_mask, "sliding_mask": sliding_mask}  # fmt: skip
             device = {"inputs_embeds": slot.embeds, "position_ids": slot.positions, "full_mask": slot.full_mask,
