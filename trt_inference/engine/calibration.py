@@ -41,7 +41,9 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
     folder = Path(folder)
     if not folder.is_dir():
         raise FileNotFoundError(f"--calib_images {folder} is not a folder of films")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix != ".md")
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix not in (".md", ".txt")
+    )
     digest = hashlib.sha256()
     images, names, skipped = [], [], []
     for path in files:
