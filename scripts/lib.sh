@@ -31,5 +31,6 @@ running_pid() {
 }
 
 control() {
-  "${VENV_PYTHON}" -m trt_inference.control_cli --socket "${CONTROL_SOCKET}" "$@"
+  PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" \
+    "${VENV_PYTHON}" -m trt_inference.control_cli --socket "${CONTROL_SOCKET}" "$@"
 }

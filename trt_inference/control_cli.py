@@ -25,7 +25,7 @@ def _duration(seconds: float) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1000:.1f} ms"
+    return "n/a" if seconds is None else f"{seconds * 1000:.3f} ms"
 
 
 def format_status(status: dict, pid: int | None) -> str:

@@ -205,15 +205,17 @@ class InferenceService:
                 logger.warning("switch to %s requested, but %s is already serving", target, MODE_LABELS[target])
                 return SwitchRecord(source or "", target, time.time(), 0.0, 0.0, 0.0, "already in this mode")
             load_started = time.perf_counter()
+            # Waits are measured over the whole switch, load included: requests must flow while the target loads.
+            self._switch_started, self._switch_max_wait = load_started, 0.0
             target_backend = self._standby.pop(target, None)
             if target_backend is None:
                 try:
                     target_backend = self._load(target)
                 except Exception as exc:
+                    self._switch_started = None
                     self.metrics.errors.labels("switch").inc()
                     raise SwitchError(f"cannot switch to {MODE_LABELS[target]}: {exc}") from exc
             load_s = time.perf_counter() - load_started
-            self._switch_started, self._switch_max_wait = time.perf_counter(), 0.0
             swap_started = time.perf_counter()
             with self._swap_lock:
                 old_backend, self._current, self._mode = self._current, target_backend, target

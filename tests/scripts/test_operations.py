@@ -1,0 +1,348 @@
+"""Operator scripts as real processes: start, status, hot switch, stop, crash recovery, breaker, control channel."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from gradio_client import Client, handle_file
+
+from tests.conftest import REPO_ROOT, free_port
+from xray_io.phantom import chest_phantom, dicom_bytes, quantize
+
+pytestmark = pytest.mark.slow
+SCRIPTS = REPO_ROOT / "scripts"
+
+
+class Operator:
+    """Runs the scripts the way an operator does, against one install's LOG_DIR and port."""
+
+    def __init__(self, log_dir: Path, port: int, **env: str) -> None:
+        self.log_dir, self.port = log_dir, port
+        self.env = {**os.environ, "LOG_DIR": str(log_dir), "PORT": str(port), **env}
+        self.env.pop("MODEL_PATH", None)
+
+    def run(self, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(SCRIPTS / script), *args], cwd="/", env=self.env, capture_output=True, text=True, timeout=timeout
+        )  # cwd="/": the scripts must work from any working directory
+
+    @property
+    def pid_file(self) -> Path:
+        return self.log_dir / "gradio_app.pid"
+
+    def pid(self) -> int:
+        return int(self.pid_file.read_text())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def status_json(self) -> dict:
+        result = self.run("status_gradio.sh", "--json")
+        return json.loads(result.stdout)
+
+    def cleanup(self) -> None:
+        if self.pid_file.exists():
+            self.run("stop_gradio.sh", "--timeout", "20")
+
+
+@pytest.fixture()
+def film(tmp_path) -> Path:
+    path = tmp_path / "film.dcm"
+    path.write_bytes(dicom_bytes(quantize(chest_phantom(seed=9), 12), bits_stored=12, window=(2048, 4096)))
+    return path
+
+
+def interruption_ms(output: str) -> float:
+    return float(re.search(r"interruption ([0-9.]+) ms", output).group(1))
+
+
+def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film):
+    op = Operator(tmp_path / "logs", free_port(), MAX_NEW_TOKENS="12")
+    try:
+        started = op.run("start_gradio.sh", "--engine_path", str(int8_bundle))
+        assert started.returncode == 0, started.stderr + started.stdout
+        assert f"ready: {op.url}" in started.stdout
+        pid = op.pid()
+
+        status = op.run("status_gradio.sh")
+        assert status.returncode == 0
+        for line in ("Inference Mode: PyTorch", "TRT Engine: Not loaded", "Executor: transformers",
+                     "Model: medgemma-xray-demo (random weights)", "Device: cpu", f"PID {pid}",
+                     "Circuit breaker: closed", "Last switch: none"):  # fmt: skip
+            assert line in status.stdout, status.stdout
+
+        switched = op.run("switch_to_trt.sh")
+        assert switched.returncode == 0, switched.stderr
+        assert "Inference Mode: TensorRT" in switched.stdout and "TRT Engine: Loaded (INT8)" in switched.stdout
+        status = op.run("status_gradio.sh").stdout
+        assert "Inference Mode: TensorRT" in status and "TRT Engine: Loaded (INT8)" in status
+        assert "Executor: onnxruntime-cpu" in status and "Last switch: PyTorch -> TensorRT" in status
+
+        client = Client(op.url, verbose=False)
+        client.predict(handle_file(str(film)), api_name="/upload_film")
+        chat = client.predict("Findings?", api_name="/ask")[0]
+        assert len(chat) == 2 and chat[1]["role"] == "assistant"
+        assert "TensorRT" in client.predict(api_name="/model_badge")
+
+        back = op.run("switch_to_pytorch.sh")
+        assert back.returncode == 0 and "Inference Mode: PyTorch" in back.stdout
+        assert interruption_ms(back.stdout) < 200
+        assert op.pid() == pid and op.status_json()["pid"] == pid
+
+        stopped = op.run("stop_gradio.sh")
+        assert stopped.returncode == 0 and "stopped" in stopped.stdout
+        assert not op.pid_file.exists()
+        assert op.run("status_gradio.sh").returncode == 3
+        with pytest.raises(OSError):
+            os.kill(pid, 0)
+        log = (op.log_dir / "gradio_app.log").read_text()
+        assert "switched PyTorch -> TensorRT" in log and "switched TensorRT -> PyTorch" in log
+    finally:
+        op.cleanup()
+
+
+def test_failed_switch_keeps_the_current_mode(tmp_path, int8_bundle):
+    broken = tmp_path / "broken-bundle"
+    shutil.copytree(int8_bundle, broken)
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["format"] = 99
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    op = Operator(tmp_path / "logs", free_port())
+    try:
+        assert op.run("start_gradio.sh", "--engine_path", str(broken)).returncode == 0
+        result = op.run("switch_to_trt.sh")
+        assert result.returncode == 1
+        assert "cannot switch to TensorRT" in result.stderr and "manifest format 99" in result.stderr
+        assert "Inference Mode still: PyTorch" in result.stderr
+        status = op.run("status_gradio.sh").stdout
+        assert "Inference Mode: PyTorch" in status and "TRT Engine: Failed (" in status
+    finally:
+        op.cleanup()
+
+
+def test_second_start_refused_and_recovery_after_kill_9(tmp_path):
+    op = Operator(tmp_path / "logs", free_port())
+    try:
+        assert op.run("start_gradio.sh").returncode == 0
+        pid = op.pid()
+        second = op.run("start_gradio.sh")
+        assert second.returncode == 1 and f"already running (PID {pid})" in second.stderr
+
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        status = op.run("status_gradio.sh")
+        assert status.returncode == 1 and "not running (stale PID file" in status.stdout
+
+        restarted = op.run("start_gradio.sh")
+        assert restarted.returncode == 0, restarted.stderr
+        assert "removing stale PID file" in restarted.stdout and op.pid() != pid
+        assert op.run("status_gradio.sh").returncode == 0
+    finally:
+        op.cleanup()
+
+
+def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
+    """8 clients ask without pause while the mode flips 10 times; both backends stay loaded."""
+    op = Operator(tmp_path / "logs", free_port(), KEEP_BOTH_BACKENDS="1", MAX_NEW_TOKENS="8",
+                  GENERATION_CONCURRENCY="8")  # fmt: skip
+    stop, switching = threading.Event(), threading.Event()
+    results = {"ok": 0, "failed": [], "latency": {"baseline": [], "switching": []}}
+    lock = threading.Lock()
+
+    def client_loop(index: int) -> None:
+        client = Client(op.url, verbose=False)
+        client.predict(handle_file(str(film)), api_name="/upload_film")
+        while not stop.is_set():
+            client.predict(api_name="/new_case")
+            client.predict(handle_file(str(film)), api_name="/upload_film")
+            phase = "switching" if switching.is_set() else "baseline"
+            asked = time.perf_counter()
+            try:
+                chat = client.predict(f"Client {index}: findings?", api_name="/ask")[0]
+                assert chat[-1]["role"] == "assistant"
+                with lock:
+                    results["ok"] += 1
+                    results["latency"][phase].append(time.perf_counter() - asked)
+            except Exception as exc:  # counted, and the test fails on any
+                with lock:
+                    results["failed"].append(repr(exc)[:300])
+
+    try:
+        assert op.run("start_gradio.sh", "--engine_path", str(int8_bundle)).returncode == 0
+        pid = op.pid()
+        assert op.run("switch_to_trt.sh").returncode == 0  # load the engine once; both stay loaded from here
+        assert op.run("switch_to_pytorch.sh").returncode == 0
+        threads = [threading.Thread(target=client_loop, args=(i,), daemon=True) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        time.sleep(4)
+        switching.set()
+        interruptions = []
+        for flip in range(10):
+            script = "switch_to_trt.sh" if flip % 2 == 0 else "switch_to_pytorch.sh"
+            result = op.run(script)
+            assert result.returncode == 0, result.stderr
+            interruptions.append(interruption_ms(result.stdout))
+            time.sleep(0.7)
+        time.sleep(2)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+        import statistics
+
+        observed = {
+            phase: (statistics.median(values), max(values)) for phase, values in results["latency"].items() if values
+        }
+        print(f"\nswitches under load: 10, requests answered {results['ok']}, failed {len(results['failed'])}, "
+              f"server-measured max interruption {max(interruptions):.3f} ms; client latency median/max (s): "
+              f"{ {k: (round(a, 3), round(b, 3)) for k, (a, b) in observed.items()} }")  # fmt: skip
+        assert results["failed"] == []
+        assert results["ok"] >= 16
+        assert max(interruptions) < 200
+        assert op.pid() == pid
+        status = op.status_json()
+        assert status["mode"] == "pytorch" and status["requests"]["errors"] == 0
+    finally:
+        stop.set()
+        op.cleanup()
+
+
+def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_path, int8_bundle, film):
+    op = Operator(tmp_path / "logs", free_port(), FAULT_INJECTION="1", MAX_NEW_TOKENS="8")
+    try:
+        assert op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(int8_bundle)).returncode == 0
+        assert "Inference Mode: TensorRT" in op.run("status_gradio.sh").stdout
+        control = [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "trt_inference.control_cli",
+                   "--socket", str(op.log_dir / "control.sock")]  # fmt: skip
+        injected = subprocess.run([*control, "inject-fault", "5"], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert injected.returncode == 0, injected.stderr
+        client = Client(op.url, verbose=False)
+        client.predict(handle_file(str(film)), api_name="/upload_film")
+        for attempt in range(5):
+            chat = client.predict(f"Question {attempt}?", api_name="/ask")[0]
+            assert chat[-1]["role"] == "assistant" and chat[-1]["content"], (
+                "a failed TensorRT request must still be answered"
+            )
+        deadline = time.monotonic() + 30
+        while op.status_json()["mode"] != "pytorch" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        status = op.run("status_gradio.sh").stdout
+        assert "Inference Mode: PyTorch" in status
+        assert "Circuit breaker: open (5/5" in status and "InjectedFault" in status
+        assert "circuit breaker" in status  # the last switch's reason
+        badge = client.predict(api_name="/model_badge")
+        assert "circuit breaker" in badge and "PyTorch" in badge
+        metrics = urllib.request.urlopen(f"{op.url}/metrics", timeout=5).read().decode()
+        assert re.search(r"^medgemma_breaker_trips_total 1\.0$", metrics, re.M)
+        assert re.search(r'^medgemma_errors_total\{kind="tensorrt"\} 5\.0$', metrics, re.M)
+        log = (op.log_dir / "gradio_app.log").read_text()
+        assert "circuit breaker tripped after 5 consecutive TensorRT failures" in log
+        # going back is manual, and closes the breaker
+        assert op.run("switch_to_trt.sh").returncode == 0
+        assert "Circuit breaker: closed" in op.run("status_gradio.sh").stdout
+    finally:
+        op.cleanup()
+
+
+def test_control_channel_is_host_only_and_needs_the_token(tmp_path, demo_server):
+    import socket
+
+    socket_path = demo_server.log_dir / "control.sock"
+    token_path = demo_server.log_dir / "control.token"
+    assert oct(socket_path.stat().st_mode & 0o777) == "0o600"
+    assert oct(token_path.stat().st_mode & 0o777) == "0o600"
+
+    def raw(payload: bytes) -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as channel:
+            channel.connect(str(socket_path))
+            channel.sendall(payload)
+            return json.loads(channel.makefile().readline())
+
+    assert raw(b'{"command": "switch", "mode": "trt"}\n') == {
+        "ok": False,
+        "error": "unauthorized: missing or wrong token",
+    }
+    assert raw(b'{"command": "status", "token": "guess"}\n')["ok"] is False
+    token = token_path.read_text().strip()
+    assert raw(json.dumps({"command": "status", "token": token}).encode() + b"\n")["ok"] is True
+    assert raw(json.dumps({"command": "inject_fault", "count": 1, "token": token}).encode() + b"\n")["ok"] is False
+
+    # The network side: the UI port has no control route, and the server listens on no other TCP port.
+    for path in ("/switch", "/control", "/api/switch"):
+        request = urllib.request.Request(f"{demo_server.url}{path}", data=b'{"mode":"trt"}', method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=5)
+        assert refused.value.code in (404, 405)
+    port = int(demo_server.url.rsplit(":", 1)[1])
+    assert listening_tcp_ports(demo_server.process.pid) == {port}
+
+
+def listening_tcp_ports(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A = LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_metrics_expose_the_series_with_samples(demo_server, film):
+    client = Client(demo_server.url, verbose=False)
+    client.predict(handle_file(str(film)), api_name="/upload_film")
+    client.predict("Findings?", api_name="/ask")
+    body = urllib.request.urlopen(f"{demo_server.url}/metrics", timeout=5).read().decode()
+    for pattern in (
+        r'^medgemma_request_latency_seconds_count\{mode="pytorch"\} [1-9]',
+        r'^medgemma_time_to_first_token_seconds_count\{mode="pytorch"\} [1-9]',
+        r'^medgemma_generated_tokens_total\{mode="pytorch"\} [1-9]',
+        r"^medgemma_queue_depth 0\.0$",
+        r"^medgemma_breaker_trips_total 0\.0$",
+        r"^medgemma_ready 1\.0$",
+        r"^# TYPE medgemma_switches_total counter$",
+        r"^# TYPE medgemma_errors_total counter$",
+        r"^# TYPE medgemma_gpu_memory_used_bytes gauge$",
+        r"^# TYPE medgemma_gpu_utilization_percent gauge$",
+    ):
+        assert re.search(pattern, body, re.M), pattern
+
+
+def test_systemd_unit_is_generated_and_verifies(tmp_path):
+    unit = tmp_path / "medgemma-xray.service"
+    op = Operator(tmp_path / "logs", free_port())
+    result = op.run("install_service.sh", "--user", "root", "--output", str(unit))
+    assert result.returncode == 0, result.stderr
+    text = unit.read_text()
+    assert f"ExecStart={REPO_ROOT}/scripts/start_gradio.sh --foreground" in text
+    assert "Restart=on-failure" in text and "EnvironmentFile=-/etc/default/medgemma-xray" in text
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.fail("systemd-analyze is missing; scripts/setup_env.sh --dev installs systemd's tools")
+    verified = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert verified.returncode == 0 and str(unit) not in verified.stderr, verified.stderr
+    broken = tmp_path / "broken.service"
+    broken.write_text(text.replace("Restart=on-failure", "Restart=sometimes"))
+    complaint = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True)
+    assert "Failed to parse service restart specifier" in complaint.stderr  # the check can fail
