@@ -48,6 +48,8 @@ def badge_markdown(service) -> str:
 def build_ui(service):
     import gradio as gr
 
+    from trt_inference.service import ServiceUnavailable
+
     max_tokens = service.settings.max_new_tokens
 
     def user_error(exc: Exception) -> gr.Error:
@@ -88,7 +90,7 @@ def build_ui(service):
         try:
             for answer in service.stream_answer(case.ask(question, max_tokens)):
                 yield history + [{"role": "assistant", "content": answer}], "", case
-        except ValueError as exc:
+        except (ValueError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
@@ -100,6 +102,8 @@ def build_ui(service):
             raise gr.Error("Upload a chest X-ray first, then ask for a report.")
         try:
             yield from stream_structured_report(case, service.stream_answer, max_tokens)
+        except (ValueError, ServiceUnavailable) as exc:
+            raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
 

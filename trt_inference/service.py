@@ -29,6 +29,10 @@ class SwitchError(RuntimeError):
     """The target backend could not be loaded; the current mode is unchanged."""
 
 
+class ServiceUnavailable(RuntimeError):
+    """No backend can take the request right now (starting or shutting down); the user should retry."""
+
+
 class InjectedFault(RuntimeError):
     """Raised on the TensorRT path by the test-only fault switch."""
 
@@ -115,7 +119,7 @@ class InferenceService:
     @contextmanager
     def _lease(self) -> Iterator[tuple[InferenceBackend, str]]:
         if self._draining:
-            raise RuntimeError("the server is shutting down; try again in a minute")
+            raise ServiceUnavailable("The server is shutting down; try again in a minute.")
         asked = time.perf_counter()
         with self._drained:
             self._waiting += 1
@@ -124,7 +128,7 @@ class InferenceService:
             with self._swap_lock:
                 backend, mode = self._current, self._mode
                 if backend is None or mode is None:
-                    raise RuntimeError("the model is not loaded yet; try again in a moment")
+                    raise ServiceUnavailable("The model is not loaded yet; try again in a moment.")
                 self._in_flight[id(backend)] = self._in_flight.get(id(backend), 0) + 1
             waited = time.perf_counter() - asked
             if self._switch_started is not None:
@@ -149,7 +153,7 @@ class InferenceService:
                 return
             try:
                 yield from self._stream_on_trt(backend, request, stats)
-            except GeneratorExit:
+            except ValueError:  # the request itself is wrong (too long, empty): not a TensorRT failure
                 raise
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
