@@ -7,8 +7,9 @@ LOG_DIR="${LOG_DIR:-${REPO_ROOT}/logs}"
 PID_FILE="${LOG_DIR}/gradio_app.pid"
 LOG_FILE="${LOG_DIR}/gradio_app.log"
 CONSOLE_LOG="${LOG_DIR}/gradio_app.console.log"
+# The server derives its socket from LOG_DIR unless CONTROL_SOCKET is set; only LOG_DIR is exported.
 CONTROL_SOCKET="${CONTROL_SOCKET:-${LOG_DIR}/control.sock}"
-export LOG_DIR CONTROL_SOCKET
+export LOG_DIR
 
 die() {
   echo "error: $*" >&2

@@ -15,6 +15,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
+# Settings a developer's shell may carry that would point a test server at someone else's files or model.
+ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
+                      "KEEP_BOTH_BACKENDS", "FAULT_INJECTION", "MAX_NEW_TOKENS", "DEVICE")  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +71,8 @@ class ServerProcess:
 def start_server(log_dir: Path, *extra_args: str, env: dict | None = None) -> ServerProcess:
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
-    environment = {**os.environ, "LOG_DIR": str(log_dir), **(env or {})}
-    environment.pop("MODEL_PATH", None) if "MODEL_PATH" not in (env or {}) else None
+    environment = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
+    environment.update({"LOG_DIR": str(log_dir), **(env or {})})
     process = subprocess.Popen(
         [sys.executable, "app.py", "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
         cwd=REPO_ROOT,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
 from xray_io.phantom import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
@@ -29,8 +29,8 @@ class Operator:
 
     def __init__(self, log_dir: Path, port: int, **env: str) -> None:
         self.log_dir, self.port = log_dir, port
-        self.env = {**os.environ, "LOG_DIR": str(log_dir), "PORT": str(port), **env}
-        self.env.pop("MODEL_PATH", None)
+        self.env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
+        self.env.update({"LOG_DIR": str(log_dir), "PORT": str(port), **env})
 
     def run(self, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -165,13 +165,12 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
 
     def client_loop(index: int) -> None:
         client = Client(op.url, verbose=False)
-        client.predict(handle_file(str(film)), api_name="/upload_film")
         while not stop.is_set():
-            client.predict(api_name="/new_case")
-            client.predict(handle_file(str(film)), api_name="/upload_film")
             phase = "switching" if switching.is_set() else "baseline"
-            asked = time.perf_counter()
             try:
+                client.predict(api_name="/new_case")
+                client.predict(handle_file(str(film)), api_name="/upload_film")
+                asked = time.perf_counter()
                 chat = client.predict(f"Client {index}: findings?", api_name="/ask")[0]
                 assert chat[-1]["role"] == "assistant"
                 with lock:

@@ -53,14 +53,19 @@ def test_prompt_uses_chat_template_system_prompt_and_history(backend, image):
     assert tuple(inputs["pixel_values"].shape) == (1, 3, 896, 896)
 
 
-def test_answer_depends_on_the_conversation(backend, image):
-    one = backend.generate(GenerationRequest(image, (ChatTurn("user", "Is there a pneumothorax?"),), max_new_tokens=12))
-    other = backend.generate(
-        GenerationRequest(
-            image, (ChatTurn("user", "Describe the mediastinum and heart size please."),), max_new_tokens=12
-        )
-    )
-    assert one and other and one != other
+def test_next_token_distribution_depends_on_question_and_film(backend, image):
+    import torch
+
+    def next_token_logits(question, film):
+        inputs = backend.model_inputs(GenerationRequest(film, (ChatTurn("user", question),)))
+        with torch.inference_mode():
+            return backend.model(**inputs).logits[0, -1].numpy()
+
+    base = next_token_logits("Is there a pneumothorax?", image)
+    other_question = next_token_logits("Describe the mediastinum and heart size please.", image)
+    other_film = next_token_logits("Is there a pneumothorax?", image.transpose(0))  # mirrored film
+    assert np.abs(base - other_question).max() > 1e-3
+    assert np.abs(base - other_film).max() > 1e-3  # the demo projector is random, not zero: films matter
 
 
 def test_image_features_shape(backend, image):
