@@ -75,6 +75,10 @@ def build_ui(service):
         for warning in film.warnings:
             gr.Warning(warning)
         preview = image.resize((PREVIEW_SIZE, PREVIEW_SIZE))
+        # Gradio caches images under a hash of their bytes and rewrites that file on every save, so two users
+        # uploading the same film (common on teaching rounds) could be served a half-written preview. A unique
+        # PNG text chunk gives each upload its own cache file.
+        preview.info["upload"] = uuid.uuid4().hex
         notes = "\n".join(f"- ⚠️ {warning}" for warning in film.warnings)
         summary = f"**Loaded:** {film.source}, {film.shape[1]}×{film.shape[0]} px\n\n{notes}".strip()
         return preview, summary, [], "", Case(film=film, model_image=image)
@@ -118,7 +122,7 @@ def build_ui(service):
             with gr.Column(scale=2):
                 upload = gr.File(label="Chest X-ray (PA): DICOM, PNG or JPEG", type="filepath", elem_id="film-upload")
                 preview = gr.Image(label="What the model sees (padded to square, 896 px)", interactive=False,
-                                   type="pil", height=360, elem_id="film-preview")  # fmt: skip
+                                   type="pil", format="png", height=360, elem_id="film-preview")  # fmt: skip
                 film_notes = gr.Markdown(elem_id="film-notes")
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Conversation", height=420, elem_id="chat")

@@ -95,3 +95,26 @@ def test_probes_and_metrics(demo_server):
         "medgemma_gpu_memory_used_bytes",
     ):  # fmt: skip
         assert series in body, series
+
+
+def test_same_film_uploaded_concurrently_gets_whole_previews(demo_server, dicom_film):
+    """Teaching rounds: everyone uploads the same case at once. Each preview must arrive whole."""
+    import threading
+
+    failures, paths = [], []
+
+    def upload_three_times() -> None:
+        client = Client(demo_server.url, verbose=False)
+        for _ in range(3):
+            try:
+                paths.append(client.predict(handle_file(str(dicom_film)), api_name="/upload_film")[0])
+            except Exception as exc:
+                failures.append(repr(exc)[:200])
+
+    threads = [threading.Thread(target=upload_three_times) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert failures == []
+    assert len(paths) == 24 and len(set(paths)) == 24  # one cache file per upload: no shared file to race on
