@@ -1,6 +1,6 @@
 """MedGemma X-Ray assistant: the Gradio UI and the HTTP server around it.
 
-Layout and thin handlers only; the model lives in trt_inference.service, image input in xray_io.
+Layout and thin handlers only; the model lives in serving.service, image input in xray_io.
 Run: python app.py [--model_path DIR] [--mode pytorch|trt] [--engine_path DIR] [--port 7860]
 """
 
@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 from assistant.case import EXAMPLE_QUESTIONS, Case, stream_structured_report
-from trt_inference.settings import Settings
+from serving.settings import Settings
 from xray_io import ImageInputError, load_radiograph
 
 logger = logging.getLogger("app")
@@ -48,7 +48,7 @@ def badge_markdown(service) -> str:
 def build_ui(service):
     import gradio as gr
 
-    from trt_inference.service import ServiceUnavailable
+    from serving.service import ServiceUnavailable
 
     max_tokens = service.settings.max_new_tokens
 
@@ -247,13 +247,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from trt_inference.service import InferenceService
+    from serving.service import InferenceService
 
     service = InferenceService(settings)
     control = None
     try:
         service.start()
-        from trt_inference.control import ControlServer
+        from serving.control import ControlServer
 
         control = ControlServer(service, settings.control_socket_path)
         control.start()

@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from assistant.batch import film_files, process_folder
-    from trt_inference.factory import create_backend
-    from trt_inference.settings import Settings
+    from serving.factory import create_backend
+    from serving.settings import Settings
 
     settings = Settings.from_env(model_path=args.model_path, engine_path=args.engine_path, device=args.device)
     backend = create_backend(args.mode, settings)

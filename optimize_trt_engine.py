@@ -44,7 +44,7 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    from trt_inference.engine.pipeline import BuildOptions, build_bundle, command_line, finish_from_onnx
+    from engine_build.pipeline import BuildOptions, build_bundle, command_line, finish_from_onnx
 
     try:
         if args.from_onnx:
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         model_path = args.model_path
         if model_path is None:
-            from demo_checkpoint.build import ensure_demo_checkpoint
-            from trt_inference.settings import DEMO_MODEL_DIR
+            from devtools.demo_checkpoint.build import ensure_demo_checkpoint
+            from serving.settings import DEMO_MODEL_DIR
 
             model_path = ensure_demo_checkpoint(DEMO_MODEL_DIR)
             logger.warning("no --model_path: building from the demo checkpoint (random weights)")

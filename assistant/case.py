@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from trt_inference.base import ChatTurn, GenerationRequest
+from inference_api.contract import ChatTurn, GenerationRequest
 from xray_io import Radiograph
 
 EXAMPLE_QUESTIONS = (

@@ -41,8 +41,8 @@ def main() -> int:
     import transformers
     from transformers import Gemma3ForConditionalGeneration
 
-    from trt_inference.engine.graphs import export_graphs
-    from trt_inference.engine.parity import check_export_parity
+    from engine_build.graphs import export_graphs
+    from engine_build.parity import check_export_parity
 
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(0),
                      "cpu_cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,

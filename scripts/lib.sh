@@ -33,5 +33,5 @@ running_pid() {
 
 control() {
   PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" \
-    "${VENV_PYTHON}" -m trt_inference.control_cli --socket "${CONTROL_SOCKET}" "$@"
+    "${VENV_PYTHON}" -m serving.control_cli --socket "${CONTROL_SOCKET}" "$@"
 }

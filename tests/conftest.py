@@ -22,7 +22,7 @@ ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SO
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    from demo_checkpoint.build import ensure_demo_checkpoint
+    from devtools.demo_checkpoint.build import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
 
@@ -108,7 +108,7 @@ def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="session")
 def synthetic_films(tmp_path_factory) -> Path:
-    from xray_io.phantom import write_phantom_set
+    from devtools.phantoms import write_phantom_set
 
     folder = tmp_path_factory.mktemp("calib")
     write_phantom_set(folder, 12)

@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from gradio_client import Client, handle_file
 
-from xray_io.phantom import chest_phantom, dicom_bytes, quantize
+from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
 

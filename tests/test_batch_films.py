@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
 from tests.conftest import REPO_ROOT
-from xray_io.phantom import chest_phantom, dicom_bytes, png_bytes, quantize
 
 pytestmark = pytest.mark.slow
 

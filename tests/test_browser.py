@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ARTIFACTS
-from xray_io.phantom import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
 

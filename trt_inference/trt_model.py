@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_inference.base import (
+from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
+from engine_bundle.masks import attention_masks, image_block_ids
+from inference_api.contract import (
     BackendInfo,
     ChatTurn,
     GenerationRequest,
@@ -24,8 +26,6 @@ from trt_inference.base import (
     InferenceBackend,
     chat_messages,
 )
-from trt_inference.engine.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
-from trt_inference.engine.masks import attention_masks, image_block_ids
 
 logger = logging.getLogger(__name__)
 

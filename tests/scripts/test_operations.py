@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
+from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
-from xray_io.phantom import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
 SCRIPTS = REPO_ROOT / "scripts"
@@ -225,7 +225,7 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
     try:
         assert op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(int8_bundle)).returncode == 0
         assert "Inference Mode: TensorRT" in op.run("status_gradio.sh").stdout
-        control = [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "trt_inference.control_cli",
+        control = [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "serving.control_cli",
                    "--socket", str(op.log_dir / "control.sock")]  # fmt: skip
         injected = subprocess.run([*control, "inject-fault", "5"], cwd=REPO_ROOT, capture_output=True, text=True)
         assert injected.returncode == 0, injected.stderr

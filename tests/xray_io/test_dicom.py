@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from devtools.phantoms import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
 from xray_io import CorruptImageError, MissingCodecError, UnsupportedImageError, load_radiograph
-from xray_io.phantom import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
 
 FILM = chest_phantom(320, 288, seed=7)
 LOSSY = {"jpeg-baseline": 12, "jpeg-2000": 24}  # worst 8-bit error allowed for lossy syntaxes

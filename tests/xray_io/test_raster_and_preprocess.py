@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
 from xray_io import CorruptImageError, UnsupportedImageError, load_radiograph
-from xray_io.phantom import chest_phantom, dicom_bytes, png_bytes, quantize
 from xray_io.preprocess import model_input_image, pad_to_square
 
 FILM = chest_phantom(400, 320, seed=3)

@@ -141,7 +141,7 @@ def sample_decoder_inputs(shape: DecoderShape, batch: int, new: int, past: int, 
     """Random but well-formed decoder inputs (past includes the dead slot)."""
     import numpy as np
 
-    from trt_inference.engine.masks import attention_masks
+    from engine_bundle.masks import attention_masks
 
     generator = torch.Generator().manual_seed(0)
     positions = np.arange(past - 1, past - 1 + new)[None].repeat(batch, 0)

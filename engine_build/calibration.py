@@ -99,7 +99,7 @@ def record_decoder_feeds(
     fp32_backend, images: list, decode_steps: int, progress=None
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Run the fp32 bundle over films x questions; return decoder feeds and vision inputs for calibration."""
-    from trt_inference.base import ChatTurn, GenerationRequest
+    from inference_api.contract import ChatTurn, GenerationRequest
 
     feeds: list[dict] = []
     executor = fp32_backend.executor

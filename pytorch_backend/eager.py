@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from trt_inference.base import (
+from inference_api.contract import (
     BackendInfo,
     ChatTurn,
     GenerationRequest,
@@ -21,7 +21,7 @@ from trt_inference.base import (
     InferenceBackend,
     chat_messages,
 )
-from trt_inference.checkpoint import describe_checkpoint
+from pytorch_backend.checkpoint import describe_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
+from devtools.phantoms import chest_phantom, png_bytes, quantize
+from engine_bundle.manifest import ManifestError, check_gpu
+from inference_api.contract import ChatTurn, GenerationRequest
 from tests.conftest import REPO_ROOT
-from trt_inference.base import ChatTurn, GenerationRequest
-from trt_inference.engine.manifest import ManifestError, check_gpu
 from xray_io import load_radiograph
-from xray_io.phantom import chest_phantom, png_bytes, quantize
 from xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ FIRST_N = 16
 
 @pytest.fixture(scope="module")
 def torch_backend(demo_model_dir):
-    from trt_inference.torch_model import TorchInference
+    from pytorch_backend.eager import TorchInference
 
     backend = TorchInference(demo_model_dir, device="cpu")
     yield backend
@@ -36,7 +36,7 @@ def film():
 
 
 def torch_tokens(backend, request):
-    from trt_inference.engine.verify import reference_tokens
+    from engine_build.verify import reference_tokens
 
     return reference_tokens(backend, request)[0]
 
@@ -112,7 +112,7 @@ try:
 except ImportError:
     pass
 from PIL import Image
-from trt_inference.base import ChatTurn, GenerationRequest
+from inference_api.contract import ChatTurn, GenerationRequest
 from trt_inference.trt_model import TRTInference
 backend = TRTInference({str(int8_bundle)!r})
 request = GenerationRequest(Image.open({str(image_path)!r}).convert("RGB"), (ChatTurn("user", "Findings?"),), max_new_tokens=8)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from trt_inference.control import send_command
+from serving.control import send_command
 
 MODE_LABELS = {"pytorch": "PyTorch", "trt": "TensorRT", None: "none"}
 

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from trt_inference.base import ChatTurn, GenerationRequest
-from trt_inference.engine.calibration import CALIBRATION_QUESTIONS
+from engine_build.calibration import CALIBRATION_QUESTIONS
+from inference_api.contract import ChatTurn, GenerationRequest
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
     if not config_file.is_file():
         raise CheckpointError(
             f"{model_dir} is not a model directory (no config.json). Point MODEL_PATH (or --model_path) at a "
-            "local download of google/medgemma-4b-it, or leave it unset to use the demo checkpoint."
+            "local download of google/medgemma-4b-it, or leave it unset to use the demo checkpoint (which "
+            "scripts/setup_env.sh writes to models/medgemma-demo)."
         )
     config = json.loads(config_file.read_text())
     if config.get("model_type") != "gemma3":

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from trt_inference.base import InferenceBackend
-from trt_inference.settings import VALID_MODES, Settings
+from inference_api.contract import InferenceBackend
+from serving.settings import VALID_MODES, Settings
 
 
 def create_backend(mode: str, settings: Settings) -> InferenceBackend:
     if mode == "pytorch":
-        from trt_inference.torch_model import TorchInference
+        from pytorch_backend.eager import TorchInference
 
-        model_path = settings.resolved_model_path
-        if settings.uses_demo_model:
-            from demo_checkpoint.build import ensure_demo_checkpoint
-
-            ensure_demo_checkpoint(model_path)
-        return TorchInference(model_path, device=settings.device)
+        return TorchInference(settings.resolved_model_path, device=settings.device)
     if mode == "trt":
         from trt_inference.trt_model import TRTInference
 

@@ -205,7 +205,7 @@ def write_phantom_set(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m xray_io.phantom --output calib_dataset/synthetic --count 64"""
+    """python -m devtools.phantoms --output calib_dataset/synthetic --count 64"""
     import argparse
 
     parser = argparse.ArgumentParser(description="Write labelled synthetic chest phantoms (PNG and 12-bit DICOM).")
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     written = write_phantom_set(args.output, args.count, start_seed=args.seed)
     (args.output / "SYNTHETIC_README.txt").write_text(
-        f"{len(written)} synthetic chest phantoms made by xray_io.phantom. Not patient images. They exercise the "
+        f"{len(written)} synthetic chest phantoms made by devtools.phantoms. Not patient images. They exercise the "
         "pipeline only: an engine calibrated on them has INT8 scales fit to phantoms, not to real films.\n"
     )
     print(f"wrote {len(written)} synthetic phantom films to {args.output} ({SYNTHETIC_LABEL})")

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from trt_inference.base import ChatTurn, GenerationRequest
-from trt_inference.service import InferenceService, SwitchError
-from trt_inference.settings import Settings
+from devtools.phantoms import chest_phantom, png_bytes, quantize
+from inference_api.contract import ChatTurn, GenerationRequest
+from serving.service import InferenceService, SwitchError
+from serving.settings import Settings
 from xray_io import load_radiograph
-from xray_io.phantom import chest_phantom, png_bytes, quantize
 from xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from trt_inference.base import BackendInfo, GenerationRequest, GenerationStats, InferenceBackend
-from trt_inference.breaker import CircuitBreaker
-from trt_inference.factory import create_backend
-from trt_inference.metrics import ServiceMetrics, gpu_memory_snapshot
-from trt_inference.settings import Settings
+from inference_api.contract import BackendInfo, GenerationRequest, GenerationStats, InferenceBackend
+from serving.breaker import CircuitBreaker
+from serving.factory import create_backend
+from serving.metrics import ServiceMetrics, gpu_memory_snapshot
+from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ def test_graphs_carry_explicit_qdq(int8_bundle):
 
 def test_tensorrt_rtx_built_every_graph_fp_and_qdq(int8_bundle, tmp_path):
     """TensorRT's ONNX parser and builder accept every graph we export: fp32 and the Q/DQ versions."""
-    from trt_inference.engine.builder import EngineBuilder, graph_profiles
+    from engine_build.builder import EngineBuilder, graph_profiles
 
     manifest = json.loads((int8_bundle / "manifest.json").read_text())
     for graph in ("vision", "embed", "decoder"):

@@ -98,7 +98,7 @@ def _make_handler(service, token: str):
 def _dispatch(service, request: dict) -> dict:
     from dataclasses import asdict
 
-    from trt_inference.service import SwitchError
+    from serving.service import SwitchError
 
     command = request.get("command")
     try:

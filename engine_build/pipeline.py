@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trt_inference.engine.manifest import write_manifest
+from engine_bundle.manifest import write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Step:
 
 
 def resolve_target(target: str) -> str | None:
-    from trt_inference.engine.builder import target_available
+    from engine_build.builder import target_available
 
     if target == "none":
         return None
@@ -74,18 +74,18 @@ def build_bundle(options: BuildOptions) -> dict:
     import torch
     from tqdm import tqdm
 
-    from trt_inference.checkpoint import describe_checkpoint, weights_sha256
-    from trt_inference.engine.calibration import (
+    from engine_build.calibration import (
         FeedReader,
         load_calibration_films,
         record_decoder_feeds,
         split_held_out,
     )
-    from trt_inference.engine.graphs import DecoderShape, export_graphs
-    from trt_inference.engine.parity import check_export_parity
-    from trt_inference.engine.quantize import count_qdq, quantize_graph
-    from trt_inference.engine.verify import AccuracyError, Thresholds, check, compare, thresholds_record
-    from trt_inference.torch_model import TorchInference
+    from engine_build.graphs import DecoderShape, export_graphs
+    from engine_build.parity import check_export_parity
+    from engine_build.quantize import count_qdq, quantize_graph
+    from engine_build.verify import AccuracyError, Thresholds, check, compare, thresholds_record
+    from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
+    from pytorch_backend.eager import TorchInference
     from trt_inference.trt_model import TRTInference
 
     started = time.perf_counter()
@@ -202,7 +202,7 @@ def reference_pixels(torch_backend, image):
 
 
 def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, target: str, workspace_gib: float):
-    from trt_inference.engine.builder import EngineBuilder, graph_profiles
+    from engine_build.builder import EngineBuilder, graph_profiles
 
     builder = EngineBuilder(target, workspace_gib=workspace_gib, timing_cache=bundle / "engines" / "timing.cache")
     profiles = graph_profiles(shapes)
@@ -217,7 +217,7 @@ def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, target: str, works
 
         gpu_name, capability = device_compute_capability(0)
     else:
-        from trt_inference.engine.builder import RTX_COMPUTE_CAPABILITIES
+        from engine_build.builder import RTX_COMPUTE_CAPABILITIES
 
         gpu_name, capability = "RTX (ahead of time)", ",".join(RTX_COMPUTE_CAPABILITIES)
     return engines, {"target": target, "version": builder.version, "gpu_name": gpu_name,
@@ -226,7 +226,7 @@ def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, target: str, works
 
 def finish_from_onnx(bundle: Path, target: str, workspace_gib: float) -> dict:
     """Build engines for an ONNX-only bundle (made where TensorRT was absent) and update its manifest."""
-    from trt_inference.engine.manifest import read_manifest
+    from engine_bundle.manifest import read_manifest
 
     manifest = read_manifest(bundle)
     onnx_dir = bundle / "onnx" / manifest["precision"]

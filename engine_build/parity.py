@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from trt_inference.engine.graphs import DecoderGraph, DecoderShape, EmbedGraph, VisionGraph, sample_decoder_inputs
+from engine_build.graphs import DecoderGraph, DecoderShape, EmbedGraph, VisionGraph, sample_decoder_inputs
 
 
 class ParityError(RuntimeError):

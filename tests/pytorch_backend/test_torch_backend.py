@@ -5,15 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trt_inference.base import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
+from devtools.phantoms import chest_phantom, png_bytes, quantize
+from inference_api.contract import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
 from xray_io import load_radiograph
-from xray_io.phantom import chest_phantom, png_bytes, quantize
 from xray_io.preprocess import model_input_image
 
 
 @pytest.fixture(scope="module")
 def backend(demo_model_dir):
-    from trt_inference.torch_model import TorchInference
+    from pytorch_backend.eager import TorchInference
 
     model = TorchInference(demo_model_dir, device="cpu")
     yield model
@@ -85,7 +85,7 @@ def test_bad_requests_are_refused(backend, image):
 
 
 def test_close_is_idempotent_and_final(demo_model_dir, image):
-    from trt_inference.torch_model import TorchInference
+    from pytorch_backend.eager import TorchInference
 
     model = TorchInference(demo_model_dir, device="cpu")
     assert model.warm_up() > 0
@@ -96,8 +96,8 @@ def test_close_is_idempotent_and_final(demo_model_dir, image):
 
 
 def test_demo_checkpoint_is_deterministic(tmp_path):
-    from demo_checkpoint.build import write_demo_checkpoint
-    from trt_inference.checkpoint import weights_sha256
+    from devtools.demo_checkpoint.build import write_demo_checkpoint
+    from pytorch_backend.checkpoint import weights_sha256
 
     first, second = write_demo_checkpoint(tmp_path / "a"), write_demo_checkpoint(tmp_path / "b")
     assert weights_sha256(first) == weights_sha256(second)
@@ -105,7 +105,7 @@ def test_demo_checkpoint_is_deterministic(tmp_path):
 
 
 def test_not_a_model_directory_is_explained(tmp_path):
-    from trt_inference.checkpoint import CheckpointError, describe_checkpoint
+    from pytorch_backend.checkpoint import CheckpointError, describe_checkpoint
 
     with pytest.raises(CheckpointError, match="MODEL_PATH"):
         describe_checkpoint(tmp_path)

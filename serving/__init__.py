@@ -1,0 +1,1 @@
+"""The running server's core: the service (leases, hot switch), breaker, metrics, settings, control channel."""
