@@ -93,6 +93,7 @@ def dicom_bytes(
     patient_name: str = "Synthetic^Phantom",
     patient_id: str = "SYNTHETIC-0000",
     frames: int = 1,
+    pixel_spacing_mm: float | None = None,
 ) -> bytes:
     """A DICOM Part 10 file of `stored` values (already MONOCHROME1 if asked), in the named transfer syntax.
 
@@ -119,6 +120,8 @@ def dicom_bytes(
     ds.BodyPartExamined = "CHEST"
     if view_position is not None:
         ds.ViewPosition = view_position
+    if pixel_spacing_mm is not None:
+        ds.PixelSpacing = [f"{pixel_spacing_mm:.6g}", f"{pixel_spacing_mm:.6g}"]
     frame_stack = np.stack([stored] * frames) if frames > 1 else stored
     ds.Rows, ds.Columns = stored.shape
     if frames > 1:
@@ -205,20 +208,26 @@ def write_phantom_set(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m devtools.phantoms --output calib_dataset/synthetic --count 64"""
+    """python -m devtools.phantoms --output calib_dataset/synthetic --count 64 [--seed 0]"""
     import argparse
 
-    parser = argparse.ArgumentParser(description="Write labelled synthetic chest phantoms (PNG and 12-bit DICOM).")
+    from devtools.labelled_phantoms import write_labelled_set
+
+    parser = argparse.ArgumentParser(
+        description="Write labelled synthetic chest phantoms: PNG (even seeds) and 12-bit DICOM (odd seeds), each "
+        "with a sidecar <name>.json of its findings, devices and technique (never in the DICOM patient fields)."
+    )
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--count", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="first phantom seed; films use seeds seed..seed+count-1")
     args = parser.parse_args(argv)
-    written = write_phantom_set(args.output, args.count, start_seed=args.seed)
+    written = write_labelled_set(args.output, args.count, start_seed=args.seed)
     (args.output / "SYNTHETIC_README.txt").write_text(
-        f"{len(written)} synthetic chest phantoms made by devtools.phantoms. Not patient images. They exercise the "
-        "pipeline only: an engine calibrated on them has INT8 scales fit to phantoms, not to real films.\n"
+        f"{SYNTHETIC_LABEL}. {len(written)} synthetic chest phantoms made by devtools.phantoms. Each film's "
+        "findings are in the .json file of the same name. They exercise the pipeline and the demo model only: an "
+        "engine calibrated on them has INT8 scales fit to phantoms, not to real films.\n"
     )
-    print(f"wrote {len(written)} synthetic phantom films to {args.output} ({SYNTHETIC_LABEL})")
+    print(f"wrote {len(written)} labelled synthetic phantom films to {args.output} ({SYNTHETIC_LABEL})")
     return 0
 
 

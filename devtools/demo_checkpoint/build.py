@@ -59,8 +59,9 @@ VISION_CONFIG = dict(
 )
 
 
-def build_tokenizer():
-    """Byte-level BPE trained deterministically on radiology text, carrying Gemma 3's special tokens."""
+def build_tokenizer(corpus_lines: list[str] | None = None, vocab_size: int = VOCAB_TARGET):
+    """Byte-level BPE trained deterministically on `corpus_lines` (default: radiology text), carrying Gemma 3's
+    special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -68,12 +69,13 @@ def build_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_TARGET,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(RADIOLOGY_CORPUS.splitlines(), trainer=trainer)
+    lines = RADIOLOGY_CORPUS.splitlines() if corpus_lines is None else corpus_lines
+    tokenizer.train_from_iterator(lines, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<bos>",
@@ -92,13 +94,13 @@ def build_tokenizer():
     )
 
 
-def build_config(vocab_size: int):
+def build_config(vocab_size: int, text_config: dict = TEXT_CONFIG, vision_config: dict = VISION_CONFIG):
     from transformers import Gemma3Config
 
-    text = dict(TEXT_CONFIG, vocab_size=vocab_size, pad_token_id=0, bos_token_id=2, eos_token_id=1)
+    text = dict(text_config, vocab_size=vocab_size, pad_token_id=0, bos_token_id=2, eos_token_id=1)
     return Gemma3Config(
         text_config=text,
-        vision_config=VISION_CONFIG,
+        vision_config=vision_config,
         mm_tokens_per_image=256,
         boi_token_index=TOKEN_ID["<start_of_image>"],
         eoi_token_index=TOKEN_ID["<end_of_image>"],
@@ -107,11 +109,11 @@ def build_config(vocab_size: int):
     )
 
 
-def build_model(config):
+def build_model(config, seed: int = SEED):
     import torch
     from transformers import Gemma3ForConditionalGeneration
 
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration(config).eval()
     with torch.no_grad():
         # Random weights would stop at a random step (EOS is as likely as any token). Zeroing the
@@ -123,22 +125,15 @@ def build_model(config):
         # transformers initialises the projector to zeros, which would make every film look the same to the
         # model. A random projection at the text embeddings' scale makes answers depend on the image.
         projector = model.model.multi_modal_projector.mm_input_projection_weight
-        projector.normal_(mean=0.0, std=0.05, generator=torch.Generator().manual_seed(SEED + 1))
+        projector.normal_(mean=0.0, std=0.05, generator=torch.Generator().manual_seed(seed + 1))
     return model
 
 
-def write_demo_checkpoint(output_dir: Path) -> Path:
-    """Write the checkpoint into output_dir (created) and return it. Same output for the same versions."""
-    from transformers import Gemma3Processor, GenerationConfig
+def build_processor(tokenizer):
+    """MedGemma's processor settings: 896 px, bilinear, rescale 1/255, mean = std = 0.5, no pan-and-scan."""
+    from transformers import Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    output_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    config = build_config(vocab_size=len(tokenizer))
-    model = build_model(config)
-    model.generation_config = GenerationConfig(
-        bos_token_id=2, pad_token_id=0, eos_token_id=config.eos_token_id, do_sample=False, max_new_tokens=300
-    )
     image_processor = Gemma3ImageProcessorPil(
         size={"height": 896, "width": 896},
         resample=2,  # bilinear, as MedGemma's preprocessor_config.json
@@ -147,17 +142,36 @@ def write_demo_checkpoint(output_dir: Path) -> Path:
         rescale_factor=1 / 255,
         do_pan_and_scan=False,
     )
-    processor = Gemma3Processor(
+    return Gemma3Processor(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=GEMMA3_CHAT_TEMPLATE, image_seq_length=256
+    )
+
+
+def save_checkpoint(model, processor, output_dir: Path, marker: dict) -> Path:
+    """Model, processor and the demo marker (what makes the app label it a demo) into output_dir."""
+    from transformers import GenerationConfig
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        bos_token_id=2, pad_token_id=0, eos_token_id=model.config.eos_token_id, do_sample=False, max_new_tokens=300
     )
     model.save_pretrained(output_dir)
     processor.save_pretrained(output_dir)
+    (output_dir / DEMO_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return output_dir
+
+
+def write_demo_checkpoint(output_dir: Path) -> Path:
+    """Write the checkpoint into output_dir (created) and return it. Same output for the same versions."""
+    tokenizer = build_tokenizer()
+    config = build_config(vocab_size=len(tokenizer))
+    model = build_model(config)
     marker = {
         "model_id": DEMO_MODEL_ID,
         "warning": "Demo checkpoint with random weights: its answers mean nothing. Not for clinical use.",
         "seed": SEED,
     }
-    (output_dir / DEMO_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    save_checkpoint(model, build_processor(tokenizer), output_dir, marker)
     logger.info("wrote demo checkpoint (random weights) to %s", output_dir)
     return output_dir
 

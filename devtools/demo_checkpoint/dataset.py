@@ -1,0 +1,178 @@
+"""Training batches for the demo model: labelled phantoms through the serving preprocessing, their teaching-round
+conversations tokenised with the processor's own chat template, and labels on the answer tokens only.
+
+Each film is encoded by the vision tower once per step and shared by two conversations about it (every finding
+question, and whole-film questions such as the structured report), so one expensive image pass teaches a dozen
+answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from devtools.demo_checkpoint import teaching
+from devtools.findings import PhantomLabels, sample_labels
+from devtools.phantom_eval import TRAIN_SEED_BASE
+from inference_api.contract import SYSTEM_PROMPT
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TokenisedConversation:
+    input_ids: list[int]
+    labels: list[int]  # IGNORE_INDEX except on the assistant's answer tokens and their <end_of_turn>
+
+
+@dataclass
+class Batch:
+    """Tensors for one step. pixel_values holds each film once; image_index[i] is sequence i's film."""
+
+    pixel_values: object  # torch.FloatTensor (films, 3, 896, 896)
+    input_ids: object  # torch.LongTensor (sequences, length), right-padded
+    attention_mask: object
+    token_type_ids: object  # 1 on image soft tokens, as the processor returns them
+    labels: object
+    image_index: object
+    answer_tokens: int
+
+
+def chat(turns: list[tuple[str, str | None]]) -> list[dict]:
+    """Messages as the serving layer builds them (inference_api.contract.chat_messages): system prompt, the film in
+    the first user turn. An answer of None leaves the conversation open at that question."""
+    messages: list[dict] = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}]
+    for index, (question, answer) in enumerate(turns):
+        content: list[dict] = [{"type": "image"}] if index == 0 else []
+        content.append({"type": "text", "text": question})
+        messages.append({"role": "user", "content": content})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    return messages
+
+
+class ConversationTokeniser:
+    """The processor's chat template and image-token expansion, without re-processing the film per conversation."""
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+        tokenizer = processor.tokenizer
+        self.tokenizer = tokenizer
+        self.start_of_turn = tokenizer.convert_tokens_to_ids("<start_of_turn>")
+        self.end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        self.image_token_id = tokenizer.convert_tokens_to_ids(tokenizer.image_token)
+        self.model_header = tokenizer("model\n", add_special_tokens=False)["input_ids"]
+
+    def ids(self, turns: list[tuple[str, str | None]], add_generation_prompt: bool = False) -> list[int]:
+        text = self.processor.apply_chat_template(
+            chat(turns), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        # What Gemma3Processor does to the text when it is given the film: one <start_of_image> becomes the
+        # 256 image soft tokens between their markers.
+        text = text.replace(self.processor.boi_token, self.processor.full_image_sequence, 1)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def conversation(self, turns: list[tuple[str, str]]) -> TokenisedConversation:
+        ids = self.ids(turns)
+        labels = [IGNORE_INDEX] * len(ids)
+        header = len(self.model_header)
+        index = 0
+        while index < len(ids):
+            if ids[index] == self.start_of_turn and ids[index + 1 : index + 1 + header] == self.model_header:
+                index += 1 + header
+                while ids[index] != self.end_of_turn:
+                    labels[index] = ids[index]
+                    index += 1
+                labels[index] = ids[index]  # learn to stop
+            index += 1
+        return TokenisedConversation(ids, labels)
+
+
+def film_image(labels_seed: int, rng: np.random.Generator):
+    """The PIL image the server would hand the processor for this phantom, 8-bit as from a PNG, or min-max
+    stretched as the DICOM path does (half the time)."""
+    from devtools.labelled_phantoms import labelled_phantom
+    from devtools.phantoms import quantize
+    from xray_io import Radiograph
+    from xray_io.preprocess import model_input_image
+    from xray_io.radiograph import stretch_to_uint8
+
+    phantom = labelled_phantom(labels_seed)
+    pixels = stretch_to_uint8(phantom.film) if rng.random() < 0.5 else quantize(phantom.film, 8)
+    return model_input_image(Radiograph(pixels, "synthetic phantom")), phantom.labels
+
+
+def film_conversations(labels: PhantomLabels, rng: np.random.Generator) -> list[list[tuple[str, str]]]:
+    """Two conversations about one film: every finding question once (random phrasing and order), and two
+    whole-film questions, the structured report first half the time."""
+    overview = teaching.overview_pairs(labels, rng)
+    report, others = overview[0], overview[1:]
+    chosen = [others[i] for i in rng.choice(len(others), size=2, replace=False)]
+    if rng.random() < 0.5:
+        chosen[0] = report
+    return [teaching.question_answer_pairs(labels, rng), chosen]
+
+
+class TeachingData:
+    """Deterministic batches: step s of data seed d always gives the same films and conversations."""
+
+    def __init__(self, processor, data_seed: int, films_per_step: int) -> None:
+        self.processor = processor
+        self.tokeniser = ConversationTokeniser(processor)
+        self.data_seed = data_seed
+        self.films_per_step = films_per_step
+
+    def film_seed(self, step: int, slot: int) -> int:
+        return TRAIN_SEED_BASE + (self.data_seed * 100_000_000) + step * self.films_per_step + slot
+
+    def batch(self, step: int) -> Batch:
+        rng = np.random.default_rng([self.data_seed, step])
+        images, sequences, image_index = [], [], []
+        for slot in range(self.films_per_step):
+            image, labels = film_image(self.film_seed(step, slot), rng)
+            images.append(image)
+            for turns in film_conversations(labels, rng):
+                sequences.append(self.tokeniser.conversation(turns))
+                image_index.append(slot)
+        return collate(self.processor, images, sequences, image_index, self.tokeniser.image_token_id)
+
+
+def collate(processor, images, sequences: list[TokenisedConversation], image_index: list[int], image_token_id: int):
+    import torch
+
+    pad_id = processor.tokenizer.pad_token_id
+    length = max(len(s.input_ids) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(sequences), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        input_ids[row, : len(sequence.input_ids)] = torch.tensor(sequence.input_ids)
+        labels[row, : len(sequence.labels)] = torch.tensor(sequence.labels)
+        attention_mask[row, : len(sequence.input_ids)] = 1
+    pixel_values = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    return Batch(
+        pixel_values=pixel_values,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=(input_ids == image_token_id).long(),
+        labels=labels,
+        image_index=torch.tensor(image_index, dtype=torch.long),
+        answer_tokens=int((labels != IGNORE_INDEX).sum()),
+    )
+
+
+def tokenizer_corpus(count: int = 1500) -> list[str]:
+    """Every kind of text the model reads or writes, from `count` sampled label sets (the BPE's training text)."""
+    from assistant.report_schema import REPORT_PROMPT
+    from devtools.demo_checkpoint.corpus import RADIOLOGY_CORPUS
+
+    lines = [SYSTEM_PROMPT, REPORT_PROMPT, *RADIOLOGY_CORPUS.splitlines()]
+    for questions in teaching.FINDING_QUESTIONS.values():
+        lines.extend(questions)
+    rng = np.random.default_rng(0)
+    for seed in range(count):
+        labels = sample_labels(TRAIN_SEED_BASE + seed)
+        for question, answer in teaching.question_answer_pairs(labels, rng) + teaching.overview_pairs(labels, rng):
+            lines.extend([question, *answer.splitlines()])
+    return lines

@@ -1,0 +1,333 @@
+"""Train the demo checkpoint on labelled synthetic phantoms: a tiny Gemma3ForConditionalGeneration that answers
+teaching-round questions about the film it is shown. Trained on synthetic phantoms only; not a medical model.
+
+    python -m devtools.demo_checkpoint.train --output devtools/demo_checkpoint/trained --seed 0
+
+Deterministic for a given seed, step count and device: fixed generators, torch.use_deterministic_algorithms, a
+fixed thread count, and a data stream that is a pure function of (seed, step). The run record (config, data seed,
+loss curve, held-out accuracy during training and at the end, hardware, wall time, the command) is written to
+training_record.json beside the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devtools.demo_checkpoint.build import build_config, build_model, build_processor, build_tokenizer
+from devtools.demo_checkpoint.dataset import (
+    IGNORE_INDEX,
+    ConversationTokeniser,
+    TeachingData,
+    TokenisedConversation,
+    collate,
+    tokenizer_corpus,
+)
+
+logger = logging.getLogger(__name__)
+
+TRAINED_MODEL_ID = "medgemma-xray-demo (synthetic phantoms, not a medical model)"
+TRAINED_WARNING = (
+    "Trained on synthetic phantoms only; not a medical model. It answers about drawn findings on phantom films "
+    "and means nothing on a real radiograph. Not for clinical use."
+)
+RECORD_FILE = "training_record.json"
+# As small as still learns, so the CPU demo stays responsive. The vision tower keeps MedGemma's geometry (896 px,
+# patch 14: 4096 patches pooled to 256 image tokens); one layer is enough for the phantoms' findings.
+TEXT_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    sliding_window=512,
+    layer_types=["sliding_attention", "full_attention"],
+    max_position_embeddings=8192,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+)
+VISION_CONFIG = dict(
+    hidden_size=32,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=1,
+    image_size=896,
+    patch_size=14,
+    vision_use_head=False,
+)
+
+
+def configure_determinism(seed: int, threads: int, device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+
+
+def hidden_states(model, batch, device):
+    """The language model's last hidden states for a batch. Each film goes through the vision tower once; its 256
+    image features fill the image tokens of every conversation about it (what the model's own forward does for
+    one sequence with its pixel values)."""
+    input_ids = batch.input_ids.to(device)
+    features = model.model.get_image_features(pixel_values=batch.pixel_values.to(device)).pooler_output
+    embeds = model.get_input_embeddings()(input_ids)
+    image_mask = (input_ids == model.config.image_token_id).unsqueeze(-1)
+    embeds = embeds.masked_scatter(image_mask, features[batch.image_index.to(device)].to(embeds.dtype))
+    return model.model(
+        inputs_embeds=embeds,
+        attention_mask=batch.attention_mask.to(device),
+        token_type_ids=batch.token_type_ids.to(device),
+    ).last_hidden_state
+
+
+def answer_loss(model, batch, device):
+    """Cross-entropy on the answer tokens only (labels are -100 elsewhere)."""
+    import torch.nn.functional as F
+
+    hidden = hidden_states(model, batch, device)
+    targets = batch.labels.to(device)[:, 1:]
+    selected = targets != -100
+    logits = model.lm_head(hidden[:, :-1][selected])
+    return F.cross_entropy(logits.float(), targets[selected])
+
+
+def first_token_accuracy(model, processor, phantoms, device) -> dict:
+    """Held-out accuracy of the answer's first word (Yes/No) to each finding's canonical question, teacher-forced:
+    a cheap figure to watch during training (the final figures come from real generation)."""
+    import torch
+
+    from devtools.demo_checkpoint.teaching import FINDING_QUESTIONS
+    from devtools.findings import FINDINGS
+
+    tokeniser = ConversationTokeniser(processor)
+    yes, no = (processor.tokenizer.convert_tokens_to_ids(word) for word in ("Yes", "No"))
+    hits = dict.fromkeys(FINDINGS, 0)
+    model.eval()
+    with torch.no_grad():
+        for phantom in phantoms:
+            sequences = []
+            for finding in FINDINGS:
+                ids = tokeniser.ids([(FINDING_QUESTIONS[finding][0], None)], add_generation_prompt=True)
+                sequences.append(TokenisedConversation(ids, [IGNORE_INDEX] * len(ids)))
+            batch = collate(processor, [phantom.image], sequences, [0] * len(sequences), tokeniser.image_token_id)
+            hidden = hidden_states(model, batch, device)
+            last = (batch.attention_mask.sum(dim=1) - 1).to(device)
+            logits = model.lm_head(hidden[torch.arange(len(sequences), device=device), last])
+            for row, finding in enumerate(FINDINGS):
+                said_yes = bool(logits[row, yes] > logits[row, no])
+                hits[finding] += int(said_yes == phantom.labels.present(finding))
+    model.train()
+    return {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
+
+
+def learning_rate(step: int, steps: int, warmup: int, peak: float) -> float:
+    import math
+
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(steps - warmup, 1)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine down to a tenth
+
+
+def hardware(device: str) -> dict:
+    import torch
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": device}  # fmt: skip
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if device.startswith("cuda"):
+        info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        cpu = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")]
+        info["cpu"] = cpu[0].split(":", 1)[1].strip() if cpu else platform.processor()
+        info["cpu_count"] = os.cpu_count()
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "devtools"], capture_output=True, text=True, timeout=10)
+        return result.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def train(args: argparse.Namespace) -> dict:
+    import torch
+
+    from devtools.phantom_eval import held_out_phantoms
+
+    started = time.perf_counter()
+    configure_determinism(args.seed, args.threads, args.device)
+    tokenizer = build_tokenizer(tokenizer_corpus(), vocab_size=args.vocab_size)
+    processor = build_processor(tokenizer)
+    for word in ("Yes", "No"):
+        if tokenizer.convert_tokens_to_ids(word) == tokenizer.unk_token_id:
+            raise RuntimeError(f"the tokenizer has no single token for {word!r}; the accuracy probe needs one")
+    config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
+    model = build_model(config, seed=args.seed).to(args.device).train()
+    vision = [p for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n]
+    vision_ids = {id(p) for p in vision}
+    text = [p for p in model.parameters() if id(p) not in vision_ids]
+    optimizer = torch.optim.AdamW(
+        [{"params": text, "peak": args.lr}, {"params": vision, "peak": args.vision_lr}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0,
+    )  # fmt: skip
+    data = TeachingData(processor, args.seed, args.films_per_step)
+    probe = held_out_phantoms(args.probe_phantoms, start_seed=args.probe_start)
+    curve, probes = [], []
+    window = []
+    for step in range(args.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, args.steps, args.warmup, group["peak"])
+        batch = data.batch(step)
+        loss = answer_loss(model, batch, args.device)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        window.append(float(loss.detach()))
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            curve.append({"step": step + 1, "loss": sum(window) / len(window),
+                          "elapsed_s": round(time.perf_counter() - started, 1)})  # fmt: skip
+            window = []
+            logger.info(
+                "step %d/%d loss %.4f (%.0f s)", step + 1, args.steps, curve[-1]["loss"], curve[-1]["elapsed_s"]
+            )
+        if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
+            accuracy = first_token_accuracy(model, processor, probe, args.device)
+            probes.append({"step": step + 1, "first_token_accuracy": accuracy,
+                           "mean": sum(accuracy.values()) / len(accuracy)})  # fmt: skip
+            logger.info("step %d held-out first-token accuracy %.3f %s", step + 1, probes[-1]["mean"],
+                        {k: round(v, 2) for k, v in accuracy.items()})  # fmt: skip
+    return {
+        "model": model.eval(),
+        "processor": processor,
+        "config": config,
+        "curve": curve,
+        "probes": probes,
+        "train_s": time.perf_counter() - started,
+    }
+
+
+def save(result: dict, args: argparse.Namespace, argv: list[str]) -> Path:
+    from devtools.demo_checkpoint.build import save_checkpoint
+
+    model = result["model"].to("cpu")
+    marker = {
+        "model_id": TRAINED_MODEL_ID,
+        "warning": TRAINED_WARNING,
+        "trained_on": "synthetic phantoms only (devtools.labelled_phantoms); not a medical model",
+        "seed": args.seed,
+        "training_record": RECORD_FILE,
+    }
+    save_checkpoint(model, result["processor"], args.output, marker)
+    return args.output
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    """Held-out task accuracy through the serving backend itself (real greedy generation), on CPU."""
+    from devtools.phantom_eval import held_out_phantoms, task_accuracy
+    from pytorch_backend.eager import TorchInference
+
+    backend = TorchInference(args.output, device="cpu")
+    try:
+        started = time.perf_counter()
+        result = task_accuracy(backend, held_out_phantoms(args.eval_phantoms, start_seed=args.eval_start))
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+    finally:
+        backend.close()
+    return result
+
+
+def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace, argv: list[str], total_s: float):
+    reproduce = "python -m devtools.demo_checkpoint.train " + " ".join(shlex.quote(a) for a in argv)
+    record = {
+        "model_id": TRAINED_MODEL_ID,
+        "notice": TRAINED_WARNING,
+        "command": reproduce,
+        "code_commit": git_commit(),
+        "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "data": {
+            "generator": "devtools.labelled_phantoms.labelled_phantom + devtools.demo_checkpoint.teaching",
+            "data_seed": args.seed,
+            "films_seen": args.steps * args.films_per_step,
+            "film_seeds": "TRAIN_SEED_BASE + seed * 1e8 + step * films_per_step + slot (held-out seeds are < 1e6)",
+        },
+        "model_config": {
+            "text": TEXT_CONFIG,
+            "vision": VISION_CONFIG,
+            "vocab_size": result["config"].text_config.vocab_size,
+            "parameters": sum(p.numel() for p in result["model"].parameters()),
+        },  # fmt: skip
+        "steps": args.steps,
+        "loss_curve": result["curve"],
+        "held_out_first_token_accuracy": result["probes"],
+        "hardware": hardware(args.device),
+        "train_wall_s": round(result["train_s"], 1),
+        "total_wall_s": round(total_s, 1),
+    }
+    if evaluation is not None:
+        record["held_out_eval"] = {k: v for k, v in evaluation.items() if k != "answers"}
+        record["held_out_eval"]["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
+        record["held_out_eval"]["sample_answers"] = evaluation["answers"][:16]
+    (args.output / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", type=Path, required=True, help="checkpoint folder (created)")
+    parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    parser.add_argument("--steps", type=int, default=900)
+    parser.add_argument("--films_per_step", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of the language model")
+    parser.add_argument("--vision_lr", type=float, default=4e-3, help="peak learning rate of vision + projector")
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--vocab_size", type=int, default=1024)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the record names it; results differ)")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (fixed, for reproducible sums)")
+    parser.add_argument("--log_every", type=int, default=10)
+    parser.add_argument("--probe_every", type=int, default=100, help="steps between held-out probes (0: none)")
+    parser.add_argument("--probe_phantoms", type=int, default=48)
+    parser.add_argument("--probe_start", type=int, default=500_000, help="first held-out seed of the probe set")
+    parser.add_argument("--eval_phantoms", type=int, default=100, help="final held-out evaluation (0: skip)")
+    parser.add_argument("--eval_start", type=int, default=0, help="first held-out seed of the final evaluation")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started = time.perf_counter()
+    result = train(args)
+    save(result, args, argv)
+    evaluation = evaluate(args) if args.eval_phantoms else None
+    write_record(result, evaluation, args, argv, time.perf_counter() - started)
+    if evaluation is not None:
+        from devtools.phantom_eval import format_table
+
+        print(format_table({"pytorch": evaluation}))
+    print(f"trained demo checkpoint written to {args.output} ({TRAINED_MODEL_ID})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
