@@ -8,7 +8,7 @@ answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +37,7 @@ class Batch:
     labels: object
     image_index: object
     answer_tokens: int
+    film_labels: list = field(default_factory=list)  # each film's PhantomLabels (the auxiliary targets)
 
 
 def chat(turns: list[tuple[str, str | None]]) -> list[dict]:
@@ -128,14 +129,17 @@ class TeachingData:
 
     def batch(self, step: int) -> Batch:
         rng = np.random.default_rng([self.data_seed, step])
-        images, sequences, image_index = [], [], []
+        images, sequences, image_index, film_labels = [], [], [], []
         for slot in range(self.films_per_step):
             image, labels = film_image(self.film_seed(step, slot), rng)
             images.append(image)
+            film_labels.append(labels)
             for turns in film_conversations(labels, rng):
                 sequences.append(self.tokeniser.conversation(turns))
                 image_index.append(slot)
-        return collate(self.processor, images, sequences, image_index, self.tokeniser.image_token_id)
+        batch = collate(self.processor, images, sequences, image_index, self.tokeniser.image_token_id)
+        batch.film_labels = film_labels
+        return batch
 
 
 def collate(processor, images, sequences: list[TokenisedConversation], image_index: list[int], image_token_id: int):

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from devtools.demo_checkpoint.auxiliary import aux_loss, make_readout
 from devtools.demo_checkpoint.build import build_config, build_model, build_processor, build_tokenizer
 from devtools.demo_checkpoint.dataset import (
     IGNORE_INDEX,
@@ -49,6 +50,7 @@ TEXT_CONFIG = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=32,
+    query_pre_attn_scalar=32,  # = head_dim, as in MedGemma (256 and 256); the default 256 would flatten attention
     sliding_window=512,
     layer_types=["sliding_attention", "full_attention"],
     max_position_embeddings=8192,
@@ -76,30 +78,33 @@ def configure_determinism(seed: int, threads: int, device: str) -> None:
 
 
 def hidden_states(model, batch, device):
-    """The language model's last hidden states for a batch. Each film goes through the vision tower once; its 256
-    image features fill the image tokens of every conversation about it (what the model's own forward does for
-    one sequence with its pixel values)."""
+    """The language model's last hidden states for a batch, and the image features. Each film goes through the
+    vision tower once; its 256 image features fill the image tokens of every conversation about it (what the
+    model's own forward does for one sequence with its pixel values)."""
     input_ids = batch.input_ids.to(device)
     features = model.model.get_image_features(pixel_values=batch.pixel_values.to(device)).pooler_output
     embeds = model.get_input_embeddings()(input_ids)
     image_mask = (input_ids == model.config.image_token_id).unsqueeze(-1)
     embeds = embeds.masked_scatter(image_mask, features[batch.image_index.to(device)].to(embeds.dtype))
-    return model.model(
+    hidden = model.model(
         inputs_embeds=embeds,
         attention_mask=batch.attention_mask.to(device),
         token_type_ids=batch.token_type_ids.to(device),
     ).last_hidden_state
+    return hidden, features
 
 
 def answer_loss(model, batch, device):
-    """Cross-entropy on the answer tokens only (labels are -100 elsewhere)."""
+    """Cross-entropy on the answer tokens only (labels are -100 elsewhere), and the image features. Written with
+    a one-hot product rather than nll_loss, which has no deterministic CUDA kernel."""
     import torch.nn.functional as F
 
-    hidden = hidden_states(model, batch, device)
+    hidden, features = hidden_states(model, batch, device)
     targets = batch.labels.to(device)[:, 1:]
-    selected = targets != -100
-    logits = model.lm_head(hidden[:, :-1][selected])
-    return F.cross_entropy(logits.float(), targets[selected])
+    selected = targets != IGNORE_INDEX
+    logits = model.lm_head(hidden[:, :-1][selected]).float()
+    one_hot = F.one_hot(targets[selected], num_classes=logits.shape[-1]).to(logits.dtype)
+    return -(F.log_softmax(logits, dim=-1) * one_hot).sum(dim=-1).mean(), features
 
 
 def first_token_accuracy(model, processor, phantoms, device) -> dict:
@@ -121,7 +126,7 @@ def first_token_accuracy(model, processor, phantoms, device) -> dict:
                 ids = tokeniser.ids([(FINDING_QUESTIONS[finding][0], None)], add_generation_prompt=True)
                 sequences.append(TokenisedConversation(ids, [IGNORE_INDEX] * len(ids)))
             batch = collate(processor, [phantom.image], sequences, [0] * len(sequences), tokeniser.image_token_id)
-            hidden = hidden_states(model, batch, device)
+            hidden, _ = hidden_states(model, batch, device)
             last = (batch.attention_mask.sum(dim=1) - 1).to(device)
             logits = model.lm_head(hidden[torch.arange(len(sequences), device=device), last])
             for row, finding in enumerate(FINDINGS):
@@ -129,6 +134,76 @@ def first_token_accuracy(model, processor, phantoms, device) -> dict:
                 hits[finding] += int(said_yes == phantom.labels.present(finding))
     model.train()
     return {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
+
+
+def designed_patch_filters(hidden_size: int, patch_size: int, generator):
+    """Patch-embedding filters that start out reading what the phantoms' findings are made of: local brightness
+    (four quadrants), edges, thin bright lines in four directions (tubes, catheters, pleural lines) and a blob
+    detector, then random filters for the rest. Identical on the three (grey) channels."""
+    import torch
+
+    size = patch_size
+    grid = torch.arange(size, dtype=torch.float32) - (size - 1) / 2
+    yy, xx = torch.meshgrid(grid, grid, indexing="ij")
+    designed = []
+    for qy in (yy < 0, yy >= 0):
+        for qx in (xx < 0, xx >= 0):
+            quadrant = (qy & qx).float()
+            designed.append(quadrant / quadrant.sum())
+    designed += [torch.sign(xx) / size**2 * 2, torch.sign(yy) / size**2 * 2]
+    for distance in (xx.abs(), yy.abs(), (xx - yy).abs() / 2**0.5, (xx + yy).abs() / 2**0.5):
+        line = (distance < 1.5).float()
+        designed.append(line / line.sum() - (1 - line) / (1 - line).sum())
+    disk = (xx**2 + yy**2 < 9).float()
+    designed.append(disk / disk.sum() - (1 - disk) / (1 - disk).sum())
+    filters = torch.empty(hidden_size, 3, size, size)
+    filters.normal_(0.0, 1.0 / (3 * size * size) ** 0.5, generator=generator)
+    for index, kernel in enumerate(designed[:hidden_size]):
+        filters[index] = 4.0 * kernel / 3  # summed over 3 channels; a strong response dominates the random bias
+    return filters
+
+
+def sincos_positions(side: int, width: int):
+    """2-D sine/cosine codes of each patch's row and column (MAE's fixed embedding), one row per patch."""
+    import math
+
+    import torch
+
+    grid = torch.arange(side, dtype=torch.float32)
+    rows, cols = torch.meshgrid(grid, grid, indexing="ij")
+    codes = []
+    for k in range(math.ceil(width / 4)):
+        frequency = math.pi / side * 2 ** (k / 2)  # from one half-wave across the film to a few patches
+        for axis in (rows, cols):
+            codes += [torch.sin(axis * frequency), torch.cos(axis * frequency)]
+    return torch.stack(codes[:width], dim=-1).reshape(side * side, width)
+
+
+def prepare_for_training(model, seed: int) -> None:
+    """Start the vision tower where the phantoms' findings are visible to it, and easy to train:
+    - designed patch filters (brightness, edges, lines, blobs);
+    - a random patch bias of the same scale: the patch embedding is linear in the pixels, so without it LayerNorm
+      would keep only whether a flat patch is above mid grey, not how bright it is;
+    - smooth 2-D sine/cosine position embeddings, so every image token says where on the film it lies and the
+      language model can learn to look at a region (the neck for a tube, a lung base for an effusion);
+    - the encoder layer's residual branches (attention output, MLP output) start at zero, so the layer starts as
+      the identity and learns what to add (the usual zero-init residual for training from scratch)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 3)
+    vision = model.model.vision_tower
+    embeddings = vision.embeddings
+    with torch.no_grad():
+        config = model.config.vision_config
+        embeddings.patch_embedding.weight.copy_(
+            designed_patch_filters(config.hidden_size, config.patch_size, generator)
+        )
+        embeddings.patch_embedding.bias.normal_(0.0, 0.5, generator=generator)
+        side = config.image_size // config.patch_size
+        embeddings.position_embedding.weight.copy_(sincos_positions(side, config.hidden_size))
+        for layer in vision.encoder.layers:
+            layer.self_attn.out_proj.weight.zero_()
+            layer.mlp.fc2.weight.zero_()
 
 
 def learning_rate(step: int, steps: int, warmup: int, peak: float) -> float:
@@ -182,12 +257,16 @@ def train(args: argparse.Namespace) -> dict:
         if tokenizer.convert_tokens_to_ids(word) == tokenizer.unk_token_id:
             raise RuntimeError(f"the tokenizer has no single token for {word!r}; the accuracy probe needs one")
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
-    model = build_model(config, seed=args.seed).to(args.device).train()
+    model = build_model(config, seed=args.seed)
+    prepare_for_training(model, args.seed)
+    model = model.to(args.device).train()
+    readout = make_readout(config.text_config.hidden_size, args.seed + 2).to(args.device)
     vision = [p for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n]
     vision_ids = {id(p) for p in vision}
     text = [p for p in model.parameters() if id(p) not in vision_ids]
     optimizer = torch.optim.AdamW(
-        [{"params": text, "peak": args.lr}, {"params": vision, "peak": args.vision_lr}],
+        [{"params": text, "peak": args.lr}, {"params": vision, "peak": args.vision_lr},
+         {"params": list(readout.parameters()), "peak": args.readout_lr}],
         lr=args.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0,
     )  # fmt: skip
     data = TeachingData(processor, args.seed, args.films_per_step)
@@ -198,19 +277,20 @@ def train(args: argparse.Namespace) -> dict:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.steps, args.warmup, group["peak"])
         batch = data.batch(step)
-        loss = answer_loss(model, batch, args.device)
+        loss, features = answer_loss(model, batch, args.device)
+        auxiliary = aux_loss(readout, features, batch.film_labels)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        (loss + args.aux_weight * auxiliary).backward()
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *readout.parameters()], 1.0)
         optimizer.step()
-        window.append(float(loss.detach()))
+        window.append((float(loss.detach()), float(auxiliary.detach())))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-            curve.append({"step": step + 1, "loss": sum(window) / len(window),
+            curve.append({"step": step + 1, "loss": sum(w[0] for w in window) / len(window),
+                          "aux_loss": sum(w[1] for w in window) / len(window),
                           "elapsed_s": round(time.perf_counter() - started, 1)})  # fmt: skip
             window = []
-            logger.info(
-                "step %d/%d loss %.4f (%.0f s)", step + 1, args.steps, curve[-1]["loss"], curve[-1]["elapsed_s"]
-            )
+            logger.info("step %d/%d loss %.4f aux %.4f (%.0f s)", step + 1, args.steps, curve[-1]["loss"],
+                        curve[-1]["aux_loss"], curve[-1]["elapsed_s"])  # fmt: skip
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
             accuracy = first_token_accuracy(model, processor, probe, args.device)
             probes.append({"step": step + 1, "first_token_accuracy": accuracy,
@@ -297,9 +377,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--films_per_step", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate of the language model")
-    parser.add_argument("--vision_lr", type=float, default=4e-3, help="peak learning rate of vision + projector")
+    parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of the language model")
+    parser.add_argument("--vision_lr", type=float, default=5e-3, help="peak learning rate of vision + projector")
     parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--aux_weight", type=float, default=1.0, help="weight of the label read-out loss (0: off)")
+    parser.add_argument("--readout_lr", type=float, default=1e-2, help="peak learning rate of the label read-out")
     parser.add_argument("--vocab_size", type=int, default=1024)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the record names it; results differ)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (fixed, for reproducible sums)")

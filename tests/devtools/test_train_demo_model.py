@@ -1,0 +1,77 @@
+"""The training script: its loss is the model's own, and a run is reproducible and leaves a complete record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from devtools.demo_checkpoint import train
+from devtools.demo_checkpoint.build import build_config, build_model, build_processor, build_tokenizer
+from devtools.demo_checkpoint.dataset import ConversationTokeniser, TeachingData, tokenizer_corpus
+from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
+
+
+def test_shared_image_loss_equals_the_models_own_forward_loss():
+    """One vision pass shared by several conversations must give the loss the model computes per sequence."""
+    torch.manual_seed(0)
+    processor = build_processor(build_tokenizer(tokenizer_corpus(50), vocab_size=512))
+    model = build_model(build_config(len(processor.tokenizer), train.TEXT_CONFIG, train.VISION_CONFIG))
+    train.prepare_for_training(model, 0)
+    data = TeachingData(processor, data_seed=0, films_per_step=1)
+    batch = data.batch(0)
+    loss, _ = train.answer_loss(model, batch, "cpu")
+    own = []
+    for row in range(batch.input_ids.shape[0]):
+        length = int(batch.attention_mask[row].sum())
+        output = model(
+            input_ids=batch.input_ids[row : row + 1, :length],
+            pixel_values=batch.pixel_values,
+            attention_mask=batch.attention_mask[row : row + 1, :length],
+            token_type_ids=batch.token_type_ids[row : row + 1, :length],
+            labels=batch.labels[row : row + 1, :length],
+        )
+        count = (batch.labels[row, 1:length] != -100).sum()
+        own.append((output.loss * count, count))
+    expected = sum(total for total, _ in own) / sum(count for _, count in own)  # the mean over all answer tokens
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-4)
+
+    tokeniser = ConversationTokeniser(processor)
+    prompt = tokeniser.ids([("Is there a pleural effusion?", None)], add_generation_prompt=True)
+    header = processor.tokenizer("<start_of_turn>model\n", add_special_tokens=False)["input_ids"]
+    assert prompt[-len(header) :] == header
+
+
+TINY = ["--steps", "2", "--films_per_step", "1", "--vocab_size", "512", "--warmup", "1", "--log_every", "1"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    first = ["--output", str(root / "a"), "--seed", "4", *TINY, "--probe_every", "1", "--probe_phantoms", "1",
+             "--eval_phantoms", "1"]  # fmt: skip
+    second = ["--output", str(root / "b"), "--seed", "4", *TINY, "--probe_every", "0", "--eval_phantoms", "0"]
+    assert train.main(first) == 0 and train.main(second) == 0
+    return root / "a", root / "b"
+
+
+def test_training_is_deterministic_for_a_seed(two_runs):
+    first, second = two_runs
+    assert weights_sha256(first) == weights_sha256(second)  # probing and evaluating never touch the weights
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+
+
+def test_run_record_and_marker_say_what_the_model_is_and_how_to_remake_it(two_runs):
+    first, _ = two_runs
+    record = json.loads((first / train.RECORD_FILE).read_text())
+    assert record["command"].startswith("python -m devtools.demo_checkpoint.train --output ")
+    assert "--seed 4" in record["command"] and record["data"]["data_seed"] == 4
+    assert [point["step"] for point in record["loss_curve"]] == [1, 2]
+    assert record["held_out_first_token_accuracy"][-1]["step"] == 2
+    assert set(record["held_out_eval"]["per_finding"]) >= {"pleural_effusion", "pacemaker"}
+    assert record["hardware"]["device"] == "cpu" and record["hardware"]["threads"] == 2
+    assert record["train_wall_s"] > 0 and record["model_config"]["parameters"] > 0
+    assert "not a medical model" in record["notice"]
+    description = describe_checkpoint(first)
+    assert description.is_demo and description.model_id == train.TRAINED_MODEL_ID
