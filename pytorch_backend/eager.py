@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 from inference_api.chat import chat_messages
-from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Prompt, TokenStep
+from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
 from pytorch_backend.checkpoint import describe_checkpoint
 
 logger = logging.getLogger(__name__)
 
 
 class TorchInference(InferenceBackend):
-    mode = "pytorch"
+    mode = Mode.PYTORCH
     executor_name = "transformers"
 
     def __init__(self, model_path: str | Path, device: str = "auto", max_resident_conversations: int = 8) -> None:
@@ -85,6 +85,13 @@ class TorchInference(InferenceBackend):
 
     # --- model calls -----------------------------------------------------------------------------------------
     def _prefill_impl(self, kv, prompt: Prompt, start: int, end: int, want_token: bool) -> TokenStep | None:
+        logits = self._forward_prompt(kv, prompt, start, end)
+        return _greedy(self._torch, logits)[0] if want_token else None
+
+    def _prompt_logits_impl(self, kv, prompt: Prompt):
+        return self._forward_prompt(kv, prompt, 0, len(prompt.ids))[0].float().cpu().numpy()
+
+    def _forward_prompt(self, kv, prompt: Prompt, start: int, end: int):
         torch = self._torch
         ids = torch.tensor([prompt.ids[start:end]], device=self.device)
         inputs = {"input_ids": ids, "position_ids": torch.arange(start, end, device=self.device)[None]}
@@ -96,7 +103,7 @@ class TorchInference(InferenceBackend):
             inputs["token_type_ids"] = is_image.long()
         with torch.inference_mode():
             output = self.model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=1)
-        return _greedy(torch, output.logits[:, -1])[0] if want_token else None
+        return output.logits[:, -1]
 
     def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
         torch = self._torch
@@ -126,7 +133,7 @@ class TorchInference(InferenceBackend):
     def _info_impl(self) -> BackendInfo:
         device = self._torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return BackendInfo(
-            mode="pytorch",
+            mode=Mode.PYTORCH,
             precision=self.precision,
             device=device,
             executor=self.executor_name,
