@@ -13,7 +13,7 @@ from pathlib import Path
 
 from inference_api.chat import chat_messages
 from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
-from pytorch_backend.checkpoint import describe_checkpoint
+from pytorch_backend.checkpoint import CheckpointDescription, describe_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -22,22 +22,37 @@ class TorchInference(InferenceBackend):
     mode = Mode.PYTORCH
     executor_name = "transformers"
 
-    def __init__(self, model_path: str | Path, device: str = "auto", max_resident_conversations: int = 8) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "auto",
+        max_resident_conversations: int = 8,
+        preloaded: tuple | None = None,
+    ) -> None:
+        """preloaded: (model, processor) already in memory, e.g. the benchmark's full-size random-weight model;
+        model_path then only names it."""
         super().__init__(max_resident_conversations)
         import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
 
         self._torch = torch
         self.model_path = Path(model_path)
-        self.checkpoint = describe_checkpoint(self.model_path)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         started = time.perf_counter()
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
-        self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
-        self.model.to(self.device).eval()
+        if preloaded is None:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            self.checkpoint = describe_checkpoint(self.model_path)
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.device = torch.device(device)
+            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+            self.processor = AutoProcessor.from_pretrained(self.model_path)
+            self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
+            self.model.to(self.device).eval()
+        else:
+            self.model, self.processor = preloaded
+            parameter = next(self.model.parameters())
+            self.device, self.dtype = parameter.device, parameter.dtype
+            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), is_demo=False)
         self.load_s = time.perf_counter() - started
         config = self.model.config
         eos = self.model.generation_config.eos_token_id

@@ -26,6 +26,20 @@ def create_backend(mode: Mode | str, settings: Settings) -> InferenceBackend:
 
 
 def _pytorch_backend(settings: Settings) -> InferenceBackend:
+    """The fast path (static cache, CUDA graphs) on CUDA by default; the eager reference on CPU or when asked."""
+    path = settings.torch_path
+    if path == "auto":
+        path = "fast" if _cuda_wanted(settings.device) else "eager"
+    if path == "fast":
+        from pytorch_backend.fast import FastTorchInference
+
+        return FastTorchInference(
+            settings.resolved_model_path,
+            device=settings.device,
+            max_resident_conversations=settings.max_resident_conversations,
+            slots=settings.kv_slots,
+            max_sequence=settings.max_sequence,
+        )
     from pytorch_backend.eager import TorchInference
 
     return TorchInference(
@@ -33,3 +47,11 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
         device=settings.device,
         max_resident_conversations=settings.max_resident_conversations,
     )
+
+
+def _cuda_wanted(device: str) -> bool:
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()

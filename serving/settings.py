@@ -48,6 +48,7 @@ class Settings:
     generation_concurrency: int = 2  # answers decoded together (one batch); more wait in the queue
     queue_size: int = 64  # answers waiting for a decode slot before new ones are turned away as busy
     max_resident_conversations: int = 8  # conversations whose KV cache stays between turns (LRU beyond)
+    max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
     request_timeout_s: float = 300.0  # longest one answer may take, waiting included
     # --- hot switch, breaker, shutdown ---
     keep_both_backends: bool = False  # keep TensorRT loaded after switching back to PyTorch
@@ -90,6 +91,7 @@ class Settings:
         _in_range("GENERATION_CONCURRENCY", self.generation_concurrency, 1, 256)
         _in_range("QUEUE_SIZE", self.queue_size, 1, 10_000)
         _in_range("MAX_RESIDENT_CONVERSATIONS", self.max_resident_conversations, 0, 4096)
+        _in_range("MAX_SEQUENCE", self.max_sequence, 512, 131_072)
         _in_range("BREAKER_FAILURES", self.breaker_failures, 1, 1000)
         for name in ("request_timeout_s", "breaker_timeout_s", "drain_timeout_s"):
             _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
