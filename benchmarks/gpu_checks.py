@@ -237,7 +237,7 @@ def main() -> int:
 
     equal = sum(row["equal"] for row in results["fast_vs_generate"])
     batched_equal = sum(row["equal"] for row in results["batched_vs_alone"])
-    print(f"\n| check | result |\n|---|---|")
+    print("\n| check | result |\n|---|---|")
     if "kernel" in results:
         print(f"| decode kernel vs reference (bf16, rel. error) | {results['kernel']} |")
     print(f"| fast path = generate(), {args.tokens} tokens | {equal}/{len(rows)} prompts |")

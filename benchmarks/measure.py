@@ -35,9 +35,10 @@ def ask(service, request: GenerationRequest) -> tuple[Answer, str]:
     stats = GenerationStats()
     started = time.perf_counter()
     first, text = None, ""
-    for text in service.stream_answer(request, stats):
+    for update in service.stream_answer(request, stats):
         if first is None:
             first = time.perf_counter()
+        text = update
     ended = time.perf_counter()
     return Answer((first or ended) - started, ended - started, stats.new_tokens, stats.reused_tokens), text
 
