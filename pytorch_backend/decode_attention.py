@@ -54,7 +54,7 @@ def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, sc
     kernels.partial[(batch, kv_heads, splits)](
         q, k_cache, v_cache, slots, lengths, partial, lse,
         *q.stride(), *k_cache.stride(), *partial.stride(), *lse.stride(),
-        scale, window, group, splits,
+        scale, window if window > 0 else 1 << 30, group, splits,
         DIM=dim, BLOCK_DIM=triton_next_power_of_2(dim), BLOCK_N=BLOCK_N, BLOCK_H=BLOCK_H,
     )  # fmt: skip
     out = torch.empty_like(q)
@@ -87,7 +87,7 @@ def _kernels():
         split = tl.program_id(2)
         slot = tl.load(slots + b)
         length = tl.load(lengths + b)
-        start = tl.maximum(length - window, 0) if window > 0 else 0
+        start = tl.maximum(length - window, 0)  # the wrapper passes a huge window for full attention
         span = length - start
         per_split = tl.cdiv(tl.cdiv(span, splits), BLOCK_N) * BLOCK_N
         lo = start + split * per_split

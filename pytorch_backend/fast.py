@@ -60,7 +60,7 @@ class FastTorchInference(TorchInference):
         self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
         self._step = self.decoder.decode
         self._graphs = None
-        self._vision = self.model.get_image_features
+        self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
         self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
         logger.info(
             "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), compile=%s, CUDA graphs=%s",
@@ -82,8 +82,12 @@ class FastTorchInference(TorchInference):
     # --- model calls -------------------------------------------------------------------------------------------
     def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
         torch = self._torch
+        pixels = self.pixel_values([prompt.image for prompt in prompts])
+        # The compiled tower has one shape (a single film); batches run eagerly, so no shape ever recompiles at
+        # serving time.
+        vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
         with torch.inference_mode():
-            features = self._vision(self.pixel_values([prompt.image for prompt in prompts]))
+            features = vision(pixels)
         features = getattr(features, "pooler_output", features)
         for prompt, row in zip(prompts, features, strict=True):
             prompt.features = row
@@ -130,10 +134,12 @@ class FastTorchInference(TorchInference):
     def _warm_up_impl(self) -> None:
         torch = self._torch
         if self.use_compile:
-            started = time.perf_counter()
-            self._step = torch.compile(self.decoder.decode, dynamic=True)
-            self._vision = torch.compile(self.model.get_image_features)
-            self.startup["compile_wrap_s"] = round(time.perf_counter() - started, 2)
+            # One compiled graph per layer type (and batch 1 vs any batch), reused by all 34 layers: the whole
+            # step compiled as one graph took over two minutes per batch shape on an H200 host.
+            decoder = self.decoder
+            decoder.layer_step = torch.compile(decoder.layer_step, dynamic=True)
+            decoder.sample = torch.compile(decoder.sample, dynamic=True)
+            self._vision_one = torch.compile(self.model.get_image_features)
         started = time.perf_counter()
         super()._warm_up_impl()  # one answer: compiles the vision tower and (without graphs) the step
         self.startup["first_answer_s"] = round(time.perf_counter() - started, 2)

@@ -115,21 +115,46 @@ class StaticGemmaDecoder:
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
         """One token for each sequence: tokens, positions, slots are (batch,) int64 on the device.
 
-        Returns (next token ids (batch,) int64, their log-probabilities (batch,) float32), both on the device."""
+        Returns (next token ids (batch,) int64, their log-probabilities (batch,) float32), both on the device.
+        `layer_step` and `sample` may be replaced by compiled versions: each is one compiled graph reused by every
+        layer (per layer type), so compiling costs seconds, not minutes; a CUDA graph then captures the whole step."""
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale
-        batch = tokens.shape[0]
         for index, layer in enumerate(self.layers):
-            residual = x
-            h = _rms_norm(x, layer.input_norm, self.eps)
-            q, k, v = self._qkv(h, layer, positions, batch, 1)
-            window = self.window if layer.sliding else 0
-            attended = cached_decode_attention(
-                q[:, :, 0], k[:, :, 0], v[:, :, 0], self.k_cache[index], self.v_cache[index], slots, positions,
-                window, self.scale,
+            x = self.layer_step(
+                x, layer.qkv, layer.o, layer.gate_up, layer.down, layer.input_norm, layer.post_attention_norm,
+                layer.pre_feedforward_norm, layer.post_feedforward_norm, layer.q_norm, layer.k_norm,
+                self.k_cache[index], self.v_cache[index], self.cos[layer.sliding], self.sin[layer.sliding],
+                positions, slots, layer.sliding,
             )  # fmt: skip
-            x = residual + _rms_norm(attended.reshape(batch, -1) @ layer.o.T, layer.post_attention_norm, self.eps)
-            x = x + self._mlp(x, layer)
-        return self._sample(x)
+        return self.sample(x)
+
+    def layer_step(
+        self, x, qkv, o, gate_up, down, input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm,
+        q_norm, k_norm, k_cache, v_cache, cos_table, sin_table, positions, slots, sliding: bool,
+    ):  # fmt: skip
+        """One decoder layer for a batch of single tokens; tensors only (plus one bool), so one compiled graph
+        serves every layer of a type."""
+        heads, kv_heads, dim, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        batch = x.shape[0]
+        q, k, v = (_rms_norm(x, input_norm, eps) @ qkv.T).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
+        q = _rms_norm(q.view(batch, heads, dim), q_norm, eps)
+        k = _rms_norm(k.view(batch, kv_heads, dim), k_norm, eps)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        window = self.window if sliding else 0
+        attended = cached_decode_attention(
+            q, k, v.view(batch, kv_heads, dim), k_cache, v_cache, slots, positions, window, self.scale
+        )
+        x = x + _rms_norm(attended.reshape(batch, -1) @ o.T, post_attention_norm, eps)
+        h = _rms_norm(x, pre_feedforward_norm, eps)
+        gate, up = (h @ gate_up.T).split(self.intermediate, dim=-1)
+        return x + _rms_norm((F.gelu(gate, approximate="tanh") * up) @ down.T, post_feedforward_norm, eps)
+
+    def sample(self, x):
+        logprobs = torch.log_softmax(self._logits(x).float(), dim=-1)
+        best = logprobs.max(dim=-1)
+        return best.indices, best.values
 
     def prefill(self, slot: int, embeds: torch.Tensor, start: int, blocks: torch.Tensor) -> torch.Tensor:
         """Run embeds (1, n, hidden) at positions start..start+n-1 into `slot`; return the last position's logits.
@@ -189,11 +214,6 @@ class StaticGemmaDecoder:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
-
-    def _sample(self, x):
-        logprobs = torch.log_softmax(self._logits(x).float(), dim=-1)
-        best = logprobs.max(dim=-1)
-        return best.indices, best.values
 
 
 def _fused(linears) -> torch.Tensor:
