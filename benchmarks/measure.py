@@ -28,19 +28,23 @@ class Answer:
     def decode_ms_per_token(self) -> float | None:
         if self.tokens < 2:
             return None
-        return (self.total_s - self.ttft_s) / (self.tokens - 1) * 1e3
+        return (self.total_s - self.ttft_s) / (self.tokens - 1) * 1e3  # between the first and the last token
 
 
 def ask(service, request: GenerationRequest) -> tuple[Answer, str]:
+    """One answer. Times are those at which the scheduler accepted each token (stats.token_times, the same clock),
+    not those of the first visible text: a token can add no text (a random model's ids past the demo
+    tokenizer's vocabulary decode to nothing), and the first run measured text, which was wrong."""
     stats = GenerationStats()
     started = time.perf_counter()
-    first, text = None, ""
+    text = ""
     for update in service.stream_answer(request, stats):
-        if first is None:
-            first = time.perf_counter()
         text = update
     ended = time.perf_counter()
-    return Answer((first or ended) - started, ended - started, stats.new_tokens, stats.reused_tokens), text
+    times = stats.token_times
+    first = times[0] if times else ended
+    last = times[-1] if times else ended
+    return Answer(first - started, last - started, stats.new_tokens, stats.reused_tokens), text
 
 
 def percentiles(values: list[float]) -> dict:
@@ -65,7 +69,9 @@ def single_stream(service, image, requests: int, max_new_tokens: int, progress: 
         "requests": requests,
         "answer_tokens": max_new_tokens,
         "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
-        "decode_ms_per_token": percentiles([a.decode_ms_per_token for a in answers if a.decode_ms_per_token]),
+        "decode_ms_per_token": percentiles(
+            [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
+        ),
         "end_to_end_s": percentiles([a.total_s for a in answers]),
         "tokens_per_answer": percentiles([a.tokens for a in answers]),
     }
@@ -105,7 +111,9 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
         "wall_s": wall,
         "requests_per_s": len(answers) / wall,
         "tokens_per_s": tokens / wall,
-        "per_stream_ms_per_token": percentiles([a.decode_ms_per_token for a in answers if a.decode_ms_per_token]),
+        "per_stream_ms_per_token": percentiles(
+            [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
+        ),
         "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
     }
 

@@ -20,7 +20,8 @@ def markdown(result: dict) -> str:
         f"Machine: {result['machine']['device']} · model: {result['model']} · date: {result['date']}",
         f"Command: `{result['command']}`",
         "",
-        "| mode | start-up s | TTFT p50 ms | decode ms/token p50 | 128-token answer p50 s | p99 s | peak GPU GiB |",
+        f"| mode | start-up s | TTFT p50 ms | decode ms/token p50 | {result['settings'].get('answer_tokens', '?')}-token "
+        "answer p50 s | p99 s | peak GPU GiB |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, mode in modes.items():

@@ -322,6 +322,7 @@ class InferenceBackend(abc.ABC):
         stats.token_ids.append(step.token_id)
         stats.token_logprobs.append(step.logprob)
         stats.token_texts.append(text)
+        stats.token_times.append(time.perf_counter())
         generation.new_text = text
         if stats.new_tokens >= generation.request.max_new_tokens:
             generation.done, stats.finish_reason = True, "length"

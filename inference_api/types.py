@@ -110,6 +110,7 @@ class GenerationStats:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # time.perf_counter() when each token was accepted
 
     @property
     def tokens_per_s(self) -> float | None:
