@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.integrity import verify_bundle
 from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
 from engine_bundle.masks import attention_masks, image_block_ids
 from inference_api.contract import (
@@ -39,13 +40,25 @@ def _tensorrt_module(manifest: dict) -> str:
 class TRTInference(InferenceBackend):
     mode = "tensorrt"
 
-    def __init__(self, bundle_dir: str | Path, executor: str = "auto", sequence_slots: int = 2) -> None:
+    def __init__(
+        self,
+        bundle_dir: str | Path,
+        executor: str = "auto",
+        sequence_slots: int = 2,
+        require_verified: bool = True,
+    ) -> None:
+        """Open a bundle. It must have passed its accuracy gate and match its recorded file hashes; only the build
+        itself (which verifies the bundle it is making) opens one with require_verified=False."""
         super().__init__()
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
         self.bundle_dir = Path(bundle_dir)
         self.manifest = manifest = read_manifest(self.bundle_dir)
         started = time.perf_counter()
+        if require_verified:
+            verify_bundle(self.bundle_dir, manifest)
+        else:
+            logger.info("opening %s without its accuracy gate and file hashes (the build verifying it)", bundle_dir)
         self.executor = self._open_executor(executor, sequence_slots)
         shapes = manifest["shapes"]
         self.image_tokens, self.sliding_window = shapes["image_tokens"], shapes["sliding_window"]
@@ -69,15 +82,14 @@ class TRTInference(InferenceBackend):
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
         module = _tensorrt_module(manifest)
         if choice == "auto":
-            choice = (
-                "tensorrt"
-                if has_engines and importlib.util.find_spec(module) and _has_cuda_gpu()
-                else "onnxruntime-cpu"
-            )
+            why_not = _why_not_tensorrt(has_engines, module)
+            choice = "onnxruntime-cpu" if why_not else "tensorrt"
+            if why_not:
+                logger.info("executor auto: chose onnxruntime-cpu because %s", why_not)
         if choice == "onnxruntime-cpu":
             from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
 
-            return OnnxRuntimeExecutor(self.bundle_dir, manifest)
+            return OnnxRuntimeExecutor(self.bundle_dir, manifest, sequence_slots)
         if not has_engines:
             raise ManifestError(
                 f"{self.bundle_dir} holds ONNX graphs only (built where TensorRT was absent). Finish the build on the "
@@ -87,13 +99,12 @@ class TRTInference(InferenceBackend):
             raise ManifestError(f"the bundle needs the {module} Python package, which is not installed")
         trt = importlib.import_module(module)
         check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+        from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-        try:
-            gpu_name, capability = device_compute_capability(0)
-        except (ImportError, RuntimeError) as exc:
-            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {exc}") from exc
-        check_gpu(manifest, gpu_name, capability)
+        gpu, why_no_gpu = probe_cuda_gpu(0)
+        if gpu is None:
+            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {why_no_gpu}")
+        check_gpu(manifest, *gpu)
         from trt_inference.runtime.tensorrt_executor import TensorRTExecutor
 
         return TensorRTExecutor(self.bundle_dir, manifest, sequence_slots)
@@ -181,6 +192,7 @@ class TRTInference(InferenceBackend):
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],
                 "accuracy": manifest.get("accuracy"),
+                "accuracy_measured_on": (manifest.get("accuracy") or {}).get("measured_on"),
             },
         )
 
@@ -196,10 +208,17 @@ class TRTInference(InferenceBackend):
 
 
 def _has_cuda_gpu() -> bool:
-    try:
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-        device_compute_capability(0)
-        return True
-    except Exception:  # no cuda-python, no driver, or no device: a CPU host
-        return False
+    return probe_cuda_gpu(0)[0] is not None
+
+
+def _why_not_tensorrt(has_engines: bool, module: str) -> str:
+    """Why `auto` cannot use the TensorRT executor here ('' when it can): the log line says which."""
+    if not has_engines:
+        return "the bundle holds no TensorRT plans (built with --target none)"
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} package is not installed"
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
+
+    return probe_cuda_gpu(0)[1]
