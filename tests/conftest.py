@@ -125,6 +125,7 @@ def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
         "--keep_fp32_onnx", "--allow_few_films",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-6000:]
+    (bundle.parent / "build.log").write_text(result.stderr + result.stdout)
     return bundle
 
 

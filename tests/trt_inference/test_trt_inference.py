@@ -35,10 +35,10 @@ def film():
     return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8)), "held_out.png"))
 
 
-def torch_tokens(backend, request):
-    from engine_build.verify import reference_tokens
+def tokens(backend, request):
+    from engine_build.comparison import generate_steps
 
-    return reference_tokens(backend, request)[0]
+    return [step.token_id for step in generate_steps(backend, request)]
 
 
 def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film):
@@ -55,8 +55,8 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
         max_new_tokens=FIRST_N,
     )
     for request in (first, second):
-        produced = [token for token, _ in bundle.generate_tokens(request)]
-        expected = torch_tokens(torch_backend, request)
+        produced = tokens(bundle, request)
+        expected = tokens(torch_backend, request)
         agreement = np.mean([a == b for a, b in zip(expected, produced, strict=True)])
         assert len(produced) == FIRST_N
         assert agreement == 1.0, f"INT8 greedy tokens agree with PyTorch on {agreement:.0%} of the first {FIRST_N}"
@@ -77,8 +77,8 @@ def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend
     )
     request = GenerationRequest(film, history, max_new_tokens=24)
     assert bundle.prompt_ids(request).shape[1] > 512 + 50
-    produced = [token for token, _ in bundle.generate_tokens(request)]
-    assert produced == torch_tokens(torch_backend, request)
+    produced = tokens(bundle, request)
+    assert produced == tokens(torch_backend, request)
     bundle.close()
 
 
