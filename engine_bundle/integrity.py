@@ -104,7 +104,7 @@ def check_accuracy_gate(bundle_dir: Path, manifest: dict) -> None:
         raise BundleRefusedError(
             f"{bundle_dir} failed its accuracy check against PyTorch ({failures}, measured on "
             f"{accuracy.get('executor', 'an unknown executor')}), so it must not answer questions. "
-            f"Rebuild it (another precision or more calibration films): {rebuild}"
+            f"Try another precision or more calibration films. Rebuild it: {rebuild}"
         )
 
 

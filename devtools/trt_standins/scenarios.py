@@ -37,7 +37,8 @@ def past_the_window_request(film, tokens: int = 24) -> GenerationRequest:
     return GenerationRequest(film, history, max_new_tokens=tokens)
 
 
-def _feed(executor, sequence, token_ids: list[int], start: int, sliding_window: int, key_positions: list[int]):
+def feed_tokens(executor, sequence, token_ids: list[int], start: int, sliding_window: int, key_positions: list[int]):
+    """Feed token_ids at positions start.. into sequence (text only); key_positions grows with them. Returns logits."""
     ids = np.asarray([token_ids], dtype=np.int64)
     positions = np.arange(start, start + len(token_ids), dtype=np.int64)[None]
     key_positions.extend(range(start, start + len(token_ids)))
@@ -52,16 +53,16 @@ def truncate_then_continue(executor, sliding_window: int, prompt: list[int], tai
     sequence = executor.new_sequence(timeout_s=0)
     try:
         keys = [-1]
-        _feed(executor, sequence, prompt + tail, 0, sliding_window, keys)
+        feed_tokens(executor, sequence, prompt + tail, 0, sliding_window, keys)
         sequence.truncate(keep)
         assert sequence.past_length == keep, (sequence.past_length, keep)
         keys = keys[: keep + 1]
-        resumed = _feed(executor, sequence, (prompt + tail)[keep:], keep, sliding_window, keys)
+        resumed = feed_tokens(executor, sequence, (prompt + tail)[keep:], keep, sliding_window, keys)
     finally:
         sequence.close()
     fresh_sequence = executor.new_sequence(timeout_s=0)
     try:
-        fresh = _feed(executor, fresh_sequence, prompt + tail, 0, sliding_window, [-1])
+        fresh = feed_tokens(executor, fresh_sequence, prompt + tail, 0, sliding_window, [-1])
     finally:
         fresh_sequence.close()
     return float(np.abs(resumed - fresh).max())

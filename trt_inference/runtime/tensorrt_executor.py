@@ -144,7 +144,7 @@ class TensorRTExecutor:
             extra = sorted(set(found) - set(expected))
             wrong = sorted(n for n in set(found) & set(expected) if found[n] != expected[n])
             raise EngineLoadError(
-                f"{plan} does not have the I/O this bundle's manifest describes (missing {missing}, unexpected "
+                f"the {graph} plan {plan} does not have the I/O its graph has (missing {missing}, unexpected "
                 f"{extra}, wrong mode or type {[(n, found[n], expected[n]) for n in wrong]}); rebuild the bundle"
             )
 
