@@ -253,6 +253,27 @@ class HostCudaRuntime:
         if dst < src_end and src < dst_end:
             raise StandinMemoryError("source and destination overlap (undefined for cudaMemcpy2D)")
 
+    def cudaMemset(self, pointer: int, value: int, nbytes: int):  # noqa: N802
+        self.synchronize_all()
+        try:
+            self._resolve(int(pointer), int(nbytes), True)[...] = value
+        except StandinMemoryError as exc:
+            return self._fail(cudaError_t.cudaErrorInvalidValue, f"cudaMemset: {exc}")
+        return (cudaError_t.cudaSuccess,)
+
+    def cudaMemcpy(self, dst: int, src: int, nbytes: int, kind):  # noqa: N802
+        self.synchronize_all()
+        try:
+            dst_device, src_device = self._sides(kind)
+            self._resolve(int(dst), int(nbytes), dst_device)[...] = self._resolve(int(src), int(nbytes), src_device)
+        except StandinMemoryError as exc:
+            return self._fail(cudaError_t.cudaErrorInvalidValue, f"cudaMemcpy: {exc}")
+        return (cudaError_t.cudaSuccess,)
+
+    def cudaMemGetInfo(self):  # noqa: N802
+        used = sum(allocation.data.size for allocation in self.device.values())
+        return cudaError_t.cudaSuccess, (1 << 34) - used, 1 << 34
+
     def cudaMemsetAsync(self, pointer: int, value: int, nbytes: int, stream):  # noqa: N802
         try:
             target = self._resolve(int(pointer), int(nbytes), True)

@@ -60,8 +60,11 @@ def _capturing_logger(trt):
 
 
 def _stream_pointer(handle) -> int:
-    """execute_async_v3 takes the stream as an integer; cuda-python's cudaStream_t converts with int()."""
-    return int(handle)
+    """execute_async_v3 takes the stream as an integer; cuda-python's cudaStream_t converts with int() or getPtr()."""
+    try:
+        return int(handle)
+    except TypeError:
+        return int(handle.getPtr())
 
 
 def expected_io(graph: str, layers: int) -> dict[str, tuple[str, str]]:
