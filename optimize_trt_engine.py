@@ -38,6 +38,7 @@ def parse_args(argv):
     parser.add_argument("--verify_tokens", type=int, default=16, help="greedy tokens compared with PyTorch")
     parser.add_argument("--min_cosine", type=float, default=0.99)
     parser.add_argument("--min_token_agreement", type=float, default=0.9)
+    parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
     parser.add_argument("--max_logprob_delta", type=float, default=0.1,
                         help="largest log-probability difference (nats) on tokens both agree on")  # fmt: skip
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite, allow_few_films=args.allow_few_films,
             compute_capabilities=args.compute_capabilities,
             thresholds={"min_cosine": args.min_cosine, "min_token_agreement": args.min_token_agreement,
-                        "max_logprob_delta": args.max_logprob_delta},
+                        "max_logprob_delta": args.max_logprob_delta, "max_kl": args.max_kl},
             command=command_line(),
         )  # fmt: skip
         manifest = build_bundle(options)
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         f"engines: {manifest['tensorrt']['target'] or 'none, ONNX only'}); "
         f"embedding cosine {accuracy['image_embedding_cosine_min']:.4f}, "
         f"token agreement {accuracy['token_agreement_mean']:.2f}, "
-        f"log-prob delta {'n/a' if delta is None else f'{delta:.1e}'} (measured on {accuracy['executor']})"
+        f"log-prob delta {'n/a' if delta is None else f'{delta:.1e}'}, first-token KL {accuracy['first_token_kl_max']:.1e} "
+        f"(measured on {accuracy['executor']})"
     )
     return 0
 

@@ -1,7 +1,8 @@
 """Polygraphy's Comparator, for backends: run every backend on the same requests, then compare each with a reference.
 
 Backends are compared through the contract only: `generate_steps(request)` (greedy TokenStep(token_id, logprob),
-stop token excluded) and `image_features(images)`. So the same harness compares PyTorch with an engine bundle
+stop token excluded), `next_token_logits(request)` (the first token's whole distribution, for KL) and
+`image_features(images)`. So the same harness compares PyTorch with an engine bundle
 (build verification), the TensorRT executor with ONNX Runtime (the executor tests), or anything else.
 """
 
@@ -18,45 +19,20 @@ from inference_api.types import GenerationRequest, TokenStep
 
 
 def generate_steps(backend, request: GenerationRequest) -> list[TokenStep]:
-    """The one place that asks a backend for its tokens.
-
-    Backends on the token-level contract answer `backend.generate_steps(request)` themselves. Until every backend on
-    main is, the older ones are asked the way they can answer (TRTInference.generate_tokens, transformers'
-    generate); once they are, this function is `return backend.generate_steps(request)`.
-    """
-    if callable(getattr(backend, "generate_steps", None)):
-        return list(backend.generate_steps(request))
-    if callable(getattr(backend, "generate_tokens", None)):
-        return [TokenStep(int(token), _logprob(logits, token)) for token, logits in backend.generate_tokens(request)]
-    if hasattr(backend, "model") and callable(getattr(backend, "model_inputs", None)):
-        return _transformers_steps(backend, request)
-    raise TypeError(f"{type(backend).__name__} offers neither generate_steps nor a known older generation API")
+    """The one place the harness asks a backend for its tokens: the token-level contract's generate_steps."""
+    return list(backend.generate_steps(request))
 
 
-def _logprob(logits: np.ndarray, token: int) -> float:
-    values = np.asarray(logits, dtype=np.float64).ravel()
-    shifted = values - values.max()
-    return float(shifted[token] - np.log(np.exp(shifted).sum()))
+def kl_divergence(reference_logits: np.ndarray, logits: np.ndarray) -> float:
+    """KL(reference || candidate) of two next-token distributions, in nats."""
 
+    def log_softmax(x):
+        x = np.asarray(x, dtype=np.float64).ravel()
+        x = x - x.max()
+        return x - np.log(np.exp(x).sum())
 
-def _transformers_steps(torch_backend, request: GenerationRequest) -> list[TokenStep]:
-    """Greedy steps from transformers' own generate(): the reference that needs no code of ours."""
-    import torch
-
-    inputs = torch_backend.model_inputs(request)
-    with torch.inference_mode():
-        output = torch_backend.model.generate(
-            **inputs, max_new_tokens=request.max_new_tokens, do_sample=False, output_logits=True,
-            return_dict_in_generate=True,
-        )  # fmt: skip
-    tokens = output.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    stops = set(np.atleast_1d(torch_backend.model.generation_config.eos_token_id).tolist())
-    steps = []
-    for token, logits in zip(tokens, output.logits, strict=False):
-        if token in stops:
-            break
-        steps.append(TokenStep(int(token), _logprob(logits[0].float().cpu().numpy(), token)))
-    return steps
+    p_log, q_log = log_softmax(reference_logits), log_softmax(logits)
+    return float((np.exp(p_log) * (p_log - q_log)).sum())
 
 
 @dataclass
@@ -66,15 +42,17 @@ class BackendRun:
     name: str
     steps: list[list[TokenStep]] = field(default_factory=list)
     features: list[np.ndarray] = field(default_factory=list)
+    first_logits: list[np.ndarray] = field(default_factory=list)  # the first answer token's whole distribution
     seconds: float = 0.0
 
 
 class Comparator:
     @staticmethod
     def run(
-        backends: dict[str, Any], requests: Sequence[GenerationRequest], features: bool = True
+        backends: dict[str, Any], requests: Sequence[GenerationRequest], features: bool = True, logits: bool = True
     ) -> dict[str, BackendRun]:
-        """Every backend on every request: its greedy steps and, if features, its image embedding of the film."""
+        """Every backend on every request: its greedy steps; if features, its image embedding of the film; if
+        logits, the first answer token's logits (next_token_logits)."""
         runs = {}
         for name, backend in backends.items():
             run = BackendRun(name)
@@ -83,6 +61,8 @@ class Comparator:
                 if features:
                     run.features.append(np.asarray(backend.image_features([request.image]), dtype=np.float32))
                 run.steps.append(generate_steps(backend, request))
+                if logits:
+                    run.first_logits.append(np.asarray(backend.next_token_logits(request), dtype=np.float32))
             run.seconds = time.perf_counter() - started
             runs[name] = run
         return runs
@@ -100,6 +80,7 @@ class Comparator:
                 prefix += 1
             prefixes.append(prefix)
         cosines = [cosine(a, b) for a, b in zip(reference.features, candidate.features, strict=True)]
+        kls = [kl_divergence(a, b) for a, b in zip(reference.first_logits, candidate.first_logits, strict=True)]
         return {
             "films": len(reference.steps),
             "tokens_compared": tokens,
@@ -110,6 +91,8 @@ class Comparator:
             "identical_prefix_min": int(min(prefixes)),
             "logprob_delta_max": float(max(deltas)) if deltas else None,
             "logprob_delta_mean": float(np.mean(deltas)) if deltas else None,
+            "first_token_kl_max": float(max(kls)) if kls else None,
+            "first_token_kl_mean": float(np.mean(kls)) if kls else None,
         }
 
     @staticmethod

@@ -1,7 +1,8 @@
 """The accuracy gate: a bundle against the PyTorch reference on held-out films, through the backend contract.
 
 Figures (engine_build.comparison.Comparator): cosine of the image embeddings, greedy token agreement over the
-first N tokens, the identical prefix, and the log-probability difference of each token on that prefix.
+first N tokens, the identical prefix, the log-probability difference of each token on that prefix, and the KL
+divergence of the first answer token's distribution (reference || bundle).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class Thresholds:
     min_cosine: float = 0.99
     min_token_agreement: float = 0.9
     max_logprob_delta: float = 0.1  # nats, on the tokens both agree on
+    max_kl: float = 0.05  # nats, the first answer token's distribution
 
 
 class AccuracyError(RuntimeError):
@@ -52,6 +54,9 @@ def check(figures: dict, thresholds: Thresholds) -> list[str]:
     delta = figures.get("logprob_delta_max")
     if delta is not None and delta > thresholds.max_logprob_delta:
         failures.append(f"token log-probability delta {delta:.4f} > {thresholds.max_logprob_delta} nats")
+    kl = figures.get("first_token_kl_max")
+    if kl is not None and kl > thresholds.max_kl:
+        failures.append(f"first-token KL {kl:.5f} > {thresholds.max_kl}")
     return failures
 
 
