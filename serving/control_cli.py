@@ -47,6 +47,9 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Model: {backend.get('model_id', 'n/a')}" + ("  [DEMO: random weights]" if backend.get("is_demo") else ""),
         f"Device: {backend.get('device', 'n/a')}",
     ]
+    measured_on = (backend.get("details") or {}).get("accuracy_measured_on")
+    if measured_on:
+        lines.append(f"Engine accuracy measured on: {measured_on}")
     switch = status.get("last_switch")
     if switch:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.integrity import verify_bundle
 from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
 from engine_bundle.masks import attention_masks, image_block_ids
 from inference_api.chat import chat_messages
@@ -38,9 +39,12 @@ class TRTInference(InferenceBackend):
         executor: str = "auto",
         sequence_slots: int = 2,
         max_resident_conversations: int = 8,
+        require_verified: bool = True,
     ) -> None:
         """engine_path: the bundle folder, or any file inside it (a .plan or .onnx). input_shape: the vision input
-        the caller will send, checked against the bundle's (batch up to its max_batch, 3 channels, its image size)."""
+        the caller will send, checked against the bundle's (batch up to its max_batch, 3 channels, its image size).
+        The bundle must have passed its accuracy gate and match its recorded file hashes; only the build itself
+        (which verifies the bundle it is making) opens one with require_verified=False."""
         super().__init__(max_resident_conversations)
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
@@ -49,6 +53,12 @@ class TRTInference(InferenceBackend):
         if input_shape is not None:
             _check_input_shape(tuple(input_shape), manifest["shapes"], self.bundle_dir)
         started = time.perf_counter()
+        if require_verified:
+            verify_bundle(self.bundle_dir, manifest)
+        else:
+            logger.info(
+                "opening %s without its accuracy gate and file hashes (the build verifying it)", self.bundle_dir
+            )
         self.executor = self._open_executor(executor, sequence_slots)
         shapes = manifest["shapes"]
         self.image_tokens, self.sliding_window = shapes["image_tokens"], shapes["sliding_window"]
@@ -73,15 +83,14 @@ class TRTInference(InferenceBackend):
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
         module = _tensorrt_module(manifest)
         if choice == "auto":
-            choice = (
-                "tensorrt"
-                if has_engines and importlib.util.find_spec(module) and _has_cuda_gpu()
-                else "onnxruntime-cpu"
-            )
+            why_not = _why_not_tensorrt(has_engines, module)
+            choice = "onnxruntime-cpu" if why_not else "tensorrt"
+            if why_not:
+                logger.info("executor auto: chose onnxruntime-cpu because %s", why_not)
         if choice == "onnxruntime-cpu":
             from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
 
-            return OnnxRuntimeExecutor(self.bundle_dir, manifest)
+            return OnnxRuntimeExecutor(self.bundle_dir, manifest, sequence_slots)
         if not has_engines:
             raise ManifestError(
                 f"{self.bundle_dir} holds ONNX graphs only (built where TensorRT was absent). Finish the build on the "
@@ -91,13 +100,12 @@ class TRTInference(InferenceBackend):
             raise ManifestError(f"the bundle needs the {module} Python package, which is not installed")
         trt = importlib.import_module(module)
         check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+        from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-        try:
-            gpu_name, capability = device_compute_capability(0)
-        except (ImportError, RuntimeError) as exc:
-            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {exc}") from exc
-        check_gpu(manifest, gpu_name, capability)
+        gpu, why_no_gpu = probe_cuda_gpu(0)
+        if gpu is None:
+            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {why_no_gpu}")
+        check_gpu(manifest, *gpu)
         from trt_inference.runtime.tensorrt_executor import TensorRTExecutor
 
         return TensorRTExecutor(self.bundle_dir, manifest, sequence_slots)
@@ -114,7 +122,7 @@ class TRTInference(InferenceBackend):
 
     # --- KV state: one executor sequence per conversation ------------------------------------------------------
     def _allocate_impl(self):
-        return self.executor.new_sequence()
+        return self.executor.new_sequence(timeout_s=0)  # the contract evicts an idle conversation, then retries
 
     def _truncate_impl(self, sequence, length: int) -> bool:
         truncate = getattr(sequence, "truncate", None)
@@ -187,6 +195,7 @@ class TRTInference(InferenceBackend):
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],
                 "accuracy": manifest.get("accuracy"),
+                "accuracy_measured_on": (manifest.get("accuracy") or {}).get("measured_on"),
             },
         )
 
@@ -222,10 +231,17 @@ def _greedy(logits: np.ndarray) -> TokenStep:
 
 
 def _has_cuda_gpu() -> bool:
-    try:
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-        device_compute_capability(0)
-        return True
-    except Exception:  # no cuda-python, no driver, or no device: a CPU host
-        return False
+    return probe_cuda_gpu(0)[0] is not None
+
+
+def _why_not_tensorrt(has_engines: bool, module: str) -> str:
+    """Why `auto` cannot use the TensorRT executor here ('' when it can): the log line says which."""
+    if not has_engines:
+        return "the bundle holds no TensorRT plans (built with --target none)"
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} package is not installed"
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
+
+    return probe_cuda_gpu(0)[1]

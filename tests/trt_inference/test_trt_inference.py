@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,7 +10,8 @@ import numpy as np
 import pytest
 
 from devtools.phantoms import chest_phantom, png_bytes, quantize
-from engine_bundle.manifest import ManifestError, check_gpu
+from engine_bundle.integrity import seal
+from engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
 from inference_api.contract import ChatTurn, GenerationRequest
 from tests.conftest import REPO_ROOT
 from tests.reference import hf_generate, hf_inputs
@@ -139,9 +139,9 @@ def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path
 
     bundle = tmp_path / "old"
     shutil.copytree(int8_bundle, bundle)
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    manifest["tensorrt"]["version"] = "1.0.0.21"
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    manifest = read_manifest(bundle)
+    manifest["tensorrt"]["version"] = "1.0.0.21"  # as if built, and sealed, by another TensorRT-RTX
+    write_manifest(bundle, seal(bundle, manifest))
     with pytest.raises(ManifestError) as error:
         TRTInference(bundle, executor="tensorrt")
     message = str(error.value)
