@@ -13,8 +13,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pytorch_backend.decode_attention import decode_attention
+
+# Prefill shapes differ for every prompt. cuDNN's attention builds a plan per new shape (the suspected cause of
+# 100 ms to 2 s first-token times on the H200, 2026-12-01), so prefill uses the memory-efficient kernel, or math.
+PREFILL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @torch.library.custom_op("medgemma::decode_attention", mutates_args=("k_cache", "v_cache"))
@@ -171,14 +176,13 @@ class StaticGemmaDecoder:
             q, k, v = self._qkv(h[0], layer, positions, n, 1)  # (n, heads, 1, dim): one query per row
             self.k_cache[index][slot, :, start:end] = k[:, :, 0].transpose(0, 1)
             self.v_cache[index][slot, :, start:end] = v[:, :, 0].transpose(0, 1)
-            attended = F.scaled_dot_product_attention(
-                q[:, :, 0].transpose(0, 1)[None],
-                self.k_cache[index][slot : slot + 1, :, :end],
-                self.v_cache[index][slot : slot + 1, :, :end],
-                attn_mask=masks[layer.sliding],
-                scale=self.scale,
-                enable_gqa=True,
-            )  # (1, heads, n, dim)
+            group = self.heads // self.kv_heads
+            keys = self.k_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
+            values = self.v_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
+            with sdpa_kernel(PREFILL_ATTENTION):
+                attended = F.scaled_dot_product_attention(
+                    q[:, :, 0].transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
+                )  # (1, heads, n, dim)
             attended = attended[0].transpose(0, 1).reshape(1, n, -1)
             x = residual + _rms_norm(attended @ layer.o.T, layer.post_attention_norm, self.eps)
             x = x + self._mlp(x, layer)
