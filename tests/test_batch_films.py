@@ -292,3 +292,31 @@ def test_bad_use_is_refused_with_a_reason(tmp_path):
     no_questions = run("--task", "qa", "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"),
                        "--questions", str(empty_questions))  # fmt: skip
     assert no_questions.returncode == 2 and "no questions found" in no_questions.stderr
+
+
+def test_trt_mode_gives_the_same_features_as_pytorch(tmp_path, request):
+    from tests.assistant.test_confidence_backends import _trt_backend_class
+
+    if _trt_backend_class() is None:
+        pytest.xfail("TRTInference is not on the token-level contract yet; this test runs as soon as it is")
+    bundle = request.getfixturevalue("int8_bundle")
+    films = tmp_path / "films"
+    films.mkdir()
+    for seed in range(3):
+        (films / f"f{seed}.png").write_bytes(png_bytes(film(seed, 8)))
+    features = {}
+    for mode, extra in (("pytorch", []), ("trt", ["--mode", "trt", "--engine_path", str(bundle)])):
+        out = tmp_path / mode
+        command = [sys.executable, "batch_films.py", "--task", "features", "--input", str(films), "--output", str(out),
+                   "--no_progress", *extra]  # fmt: skip
+        result = subprocess.run(command, cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+        ids, array = load_features(out, records)
+        file_of = {r["film_id"]: r["file"] for r in records}
+        features[mode] = {file_of[film_id]: row for film_id, row in zip(ids, array, strict=True)}
+    assert len(features["pytorch"]) == len(features["trt"]) == 3
+    for name, torch_row in features["pytorch"].items():
+        trt_row = features["trt"][name]
+        cosine = float(np.dot(torch_row.ravel(), trt_row.ravel()) / np.linalg.norm(torch_row) / np.linalg.norm(trt_row))
+        assert cosine > 0.995, (name, cosine)

@@ -37,6 +37,8 @@ from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
 logger = logging.getLogger(__name__)
+# Always films/s (tqdm would switch to s/film below one film a second), then the time left.
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
 
 
 class BatchUsageError(ValueError):
@@ -209,23 +211,27 @@ class _Run:
         except Exception as exc:
             outcomes = [exc] * len(requests)
         for (film, _, about, _), (report_at, qa_span) in zip(entries, spans, strict=True):
-            for outcome in outcomes[report_at : report_at + 1] if report_at is not None else []:
-                self._count_tokens([outcome])
-                if isinstance(outcome, BaseException):
-                    self.fail(film, ["report"], outcome, about)
-                    continue
-                try:
-                    record = report_record(film, self.plan.record_names, about, *outcome, self.plan.output_dir,
-                                           self.backend_label)  # fmt: skip
-                except Exception as exc:
-                    self.fail(film, ["report"], exc, about)
-                else:
-                    self.append(record)
+            if report_at is not None:
+                self._report(film, about, outcomes[report_at])
             if qa_span is not None:
                 answers = outcomes[qa_span]
                 self._count_tokens(answers)
                 self.append(qa_record(film, self.plan.record_names, about, list(self.plan.questions), answers,
                                       self.plan.questions_sha256, self.backend_label))  # fmt: skip
+
+    def _report(self, film: FilmFile, about: dict, outcome) -> None:
+        self._count_tokens([outcome])
+        if isinstance(outcome, BaseException):
+            self.fail(film, ["report"], outcome, about)
+            return
+        try:
+            text, stats = outcome
+            record = report_record(film, self.plan.record_names, about, text, stats, self.plan.output_dir,
+                                   self.backend_label)  # fmt: skip
+        except Exception as exc:
+            self.fail(film, ["report"], exc, about)
+        else:
+            self.append(record)
 
     def _count_tokens(self, outcomes) -> None:
         for outcome in outcomes:
@@ -265,7 +271,7 @@ def run_batch(plan: BatchPlan, backend=None, run_requests: RunRequests | None = 
         summary.films, summary.already_done = len(films), len(films) - len(pending)
         logger.info("batch: %d films, %d already done, tasks %s", len(films), summary.already_done, plan.tasks)
         bar = tqdm(total=len(films), initial=summary.already_done, unit=" films", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True, smoothing=0.3)  # fmt: skip
+                   disable=not progress, dynamic_ncols=True, smoothing=0.3, bar_format=BAR_FORMAT)  # fmt: skip
         try:
             for start in range(0, len(pending), max(1, plan.batch_size)):
                 chunk = pending[start : start + plan.batch_size]
