@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    from assistant.batch.films import DamagedOutputError
     from assistant.batch.journal import FolderBusyError
     from assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
+    from inference_api.types import MAX_MAX_NEW_TOKENS
 
     tasks = ("features", "report", *(("qa",) if args.questions else ())) if args.task == "all" else (args.task,)
     file_names = args.file_names or ("omit" if args.task == "dicom-to-png" else "record")
@@ -71,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             raise BatchUsageError(f"--input {args.input} is not a folder")
         if not 1 <= args.batch_size <= 256:
             raise BatchUsageError(f"--batch_size must be 1..256, got {args.batch_size}")
+        if not 1 <= args.max_new_tokens <= MAX_MAX_NEW_TOKENS:
+            raise BatchUsageError(f"--max_new_tokens must be 1..{MAX_MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+        if args.task == "qa" and not args.questions:
+            raise BatchUsageError("--task qa needs --questions FILE (one question per line)")
         questions = read_questions(args.questions) if args.questions else ()
     except (BatchUsageError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -94,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.warning("demo model with random weights: its reports, answers and features mean nothing")
     try:
         summary = run_batch(plan, backend, progress=not args.no_progress)
-    except (BatchUsageError, FolderBusyError) as exc:
+    except (BatchUsageError, FolderBusyError, DamagedOutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -99,30 +99,46 @@ def report_request(image, max_new_tokens: int = REPORT_MAX_NEW_TOKENS) -> Genera
     return GenerationRequest(image=image, turns=(ChatTurn("user", REPORT_PROMPT),), max_new_tokens=max_new_tokens)
 
 
+def _header_kind(text: str, match: re.Match, inline: bool) -> str | None:
+    """The kind of header a match is: "same_line" (a separator, or an emphasised label: the value follows on its
+    line), "heading" (an emphasised label or heading alone on its line: the value is below), "bare" (an undecorated
+    label, a space, then words: a missing colon), or None (not a header: a label glued to punctuation, or an
+    undecorated word alone on a line, which is more likely text than a heading)."""
+    if inline or match.group("sep"):
+        return "same_line"
+    header = match.group(0)
+    rest = text[match.end() : _line_end(text, match.end())].strip(_EDGE_JUNK)
+    before_label = header[: match.start("label") - match.start()]
+    decorated = any(mark in before_label for mark in "#*_") or header.rstrip(" \t").endswith(("*", "_"))
+    if decorated:
+        return "same_line" if rest else "heading"
+    if rest and match.group(0).endswith((" ", "\t")):
+        return "bare"
+    return None
+
+
 def _headers(text: str) -> list[tuple[int, int, str]]:
-    """(header start, value start, field key) for every field header found, in text order, never overlapping."""
+    """(header start, value start, field key) for every field header found, in text order, never overlapping.
+
+    A bare header ("Lungs clear") counts only where fields are written one per line; under a heading ("## Impression"
+    then its text) a line that starts with a label word is the heading's text, not a new field."""
     found = []
     for pattern in (_LINE_HEADER, _INLINE_HEADER):
         for match in pattern.finditer(text):
-            label = " ".join(match.group("label").lower().split())
-            key = _LABEL_KEY.get(label)
-            if key is None:
-                continue
-            value_start = match.end()
-            if pattern is _LINE_HEADER and not match.group("sep"):
-                rest = text[value_start : _line_end(text, value_start)]
-                decorated = match.group(0).lstrip().startswith(("#", "*", "_"))
-                # No colon: accept a heading alone on its line, an emphasised label, or a label starting a line
-                # followed by a word ("Lungs clear."); never a label glued to punctuation ("Lungs, heart...").
-                if rest.strip(_EDGE_JUNK) and not decorated and not match.group(0).endswith((" ", "\t")):
-                    continue
-            found.append((match.start(), value_start, key))
+            key = _LABEL_KEY.get(" ".join(match.group("label").lower().split()))
+            kind = _header_kind(text, match, inline=pattern is _INLINE_HEADER) if key else None
+            if kind is not None:
+                found.append((match.start(), match.end(), key, kind))
     found.sort()
     kept: list[tuple[int, int, str]] = []
-    for header in found:
-        if kept and header[0] < kept[-1][1]:
+    previous_kind = None
+    for start, value_start, key, kind in found:
+        if kept and start < kept[-1][1]:
             continue  # inside the previous header (an inline match of the same label)
-        kept.append(header)
+        if kind == "bare" and previous_kind == "heading":
+            continue
+        kept.append((start, value_start, key))
+        previous_kind = kind
     return kept
 
 
@@ -142,7 +158,7 @@ def _trimmed(text: str, start: int, end: int) -> tuple[int, int]:
 def parse_report(text: str, stats=None) -> StructuredReport:
     """Parse the model's answer. stats (a GenerationStats, or anything with token_ids, token_logprobs and
     token_texts) adds confidence per field where its token texts line up with `text`. Never raises on any str."""
-    text = text if isinstance(text, str) else str(text)
+    text = "" if text is None else text if isinstance(text, str) else str(text)
     headers = _headers(text)
     spans: dict[str, list[tuple[int, int]]] = {}
     for index, (_, value_start, key) in enumerate(headers):

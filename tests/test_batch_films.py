@@ -292,6 +292,14 @@ def test_bad_use_is_refused_with_a_reason(tmp_path):
     no_questions = run("--task", "qa", "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"),
                        "--questions", str(empty_questions))  # fmt: skip
     assert no_questions.returncode == 2 and "no questions found" in no_questions.stderr
+    for args, message in ((["--task", "qa"], "--task qa needs --questions"),
+                          (["--task", "report", "--max_new_tokens", "0"], "--max_new_tokens must be 1..")):  # fmt: skip
+        refused = run(*args, "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"))
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+    (tmp_path / "out").mkdir(exist_ok=True)
+    (tmp_path / "out" / ".film_key").write_text("")  # a key file cut short
+    damaged = run("--task", "dicom-to-png", "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"))
+    assert damaged.returncode == 2 and ".film_key is damaged" in damaged.stderr
 
 
 def test_trt_mode_gives_the_same_features_as_pytorch(tmp_path, request):

@@ -16,6 +16,10 @@ from pathlib import Path
 KEY_NAME = ".film_key"
 
 
+class DamagedOutputError(ValueError):
+    """The output folder's own files are damaged; the message says what to do."""
+
+
 @dataclass(frozen=True)
 class FilmFile:
     path: Path
@@ -24,18 +28,28 @@ class FilmFile:
 
 
 def film_key(output_dir: Path) -> bytes:
-    """The output folder's secret, created on first use (0600)."""
+    """The output folder's secret, created on first use (0600). Created whole or not at all: written to a temporary
+    file, then hard-linked into place, which fails if another run made it first."""
     path = output_dir / KEY_NAME
-    try:
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())
-    key = secrets.token_bytes(32)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(key.hex() + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    return key
+    if not path.exists():
+        temporary = output_dir / f"{KEY_NAME}.{secrets.token_hex(4)}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_bytes(32).hex() + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(temporary, path)
+        except FileExistsError:
+            pass
+        finally:
+            temporary.unlink()
+    text = path.read_text().strip()
+    if len(text) != 64:
+        raise ValueError(
+            f"{path} is damaged; it names every film of this folder's results: restore it, or start a new --output"
+        )
+    return bytes.fromhex(text)
 
 
 def film_id(key: bytes, relative: str) -> str:

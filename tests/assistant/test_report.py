@@ -159,3 +159,12 @@ def test_the_report_request_uses_the_schema_prompt():
     request = report_request(image=None, max_new_tokens=64)
     assert request.turns[-1].text == REPORT_PROMPT and request.max_new_tokens == 64
     request.validate()
+
+
+def test_under_a_heading_a_line_starting_with_a_label_word_is_text_not_a_new_field():
+    report = parse_report("## Impression\nBone density is normal.\nLungs clear\n\n**Lungs**\nclear")
+    assert report.fields["impression"] == "Bone density is normal.\nLungs clear"
+    assert report.fields["bones"] == "" and report.fields["lungs"] == "clear"
+    one_per_line = parse_report("View: PA\nLungs clear\nbone\nImpression: normal")
+    assert one_per_line.fields["lungs"] == "clear\nbone"  # a lone word is text, never a heading
+    assert one_per_line.fields["impression"] == "normal"
