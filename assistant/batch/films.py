@@ -46,7 +46,7 @@ def film_key(output_dir: Path) -> bytes:
             temporary.unlink()
     text = path.read_text().strip()
     if len(text) != 64:
-        raise ValueError(
+        raise DamagedOutputError(
             f"{path} is damaged; it names every film of this folder's results: restore it, or start a new --output"
         )
     return bytes.fromhex(text)
