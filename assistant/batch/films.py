@@ -45,11 +45,15 @@ def film_key(output_dir: Path) -> bytes:
         finally:
             temporary.unlink()
     text = path.read_text().strip()
-    if len(text) != 64:
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
         raise DamagedOutputError(
             f"{path} is damaged; it names every film of this folder's results: restore it, or start a new --output"
         )
-    return bytes.fromhex(text)
+    return key
 
 
 def film_id(key: bytes, relative: str) -> str:
