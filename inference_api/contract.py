@@ -35,6 +35,7 @@ from inference_api.types import (  # noqa: F401  (re-exported: the contract's vo
     ChatTurn,
     GenerationRequest,
     GenerationStats,
+    Mode,
     TokenStep,
 )
 
@@ -142,6 +143,21 @@ class InferenceBackend(abc.ABC):
         for _ in self.stream_generate(request, stats):
             pass
         return [TokenStep(t, p) for t, p in zip(stats.token_ids, stats.token_logprobs, strict=True)]
+
+    def next_token_logits(self, request: GenerationRequest):
+        """float32 logits (numpy, vocab-sized) of the first answer token: what a precision check compares as a
+        whole distribution (KL), beyond the greedy token."""
+        self.check_health()
+        request.validate()
+        with self._lock:
+            prompt = self._encode_impl(request)
+            kv = self._allocate()
+            try:
+                if self.image_token_id is not None and self.image_token_id in prompt.ids:
+                    self._prepare_images_impl([prompt])
+                return self._prompt_logits_impl(kv, prompt)
+            finally:
+                self._free_impl(kv)
 
     # --- many callers: what a scheduler drives ---------------------------------------------------------------------
     def start(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Generation:
@@ -397,6 +413,10 @@ class InferenceBackend(abc.ABC):
     @abc.abstractmethod
     def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
         """Feed tokens[i] at positions[i] into kvs[i]; return each sequence's greedy next token."""
+
+    @abc.abstractmethod
+    def _prompt_logits_impl(self, kv: Any, prompt: Prompt):
+        """Prefill the whole prompt into an empty kv; return the next token's float32 logits as a numpy array."""
 
     def _truncate_impl(self, kv: Any, length: int) -> bool:
         """Keep only the first `length` positions. False where the backend cannot (the contract then re-prefills)."""

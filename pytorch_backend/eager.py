@@ -12,32 +12,47 @@ import time
 from pathlib import Path
 
 from inference_api.chat import chat_messages
-from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Prompt, TokenStep
-from pytorch_backend.checkpoint import describe_checkpoint
+from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
+from pytorch_backend.checkpoint import CheckpointDescription, describe_checkpoint
 
 logger = logging.getLogger(__name__)
 
 
 class TorchInference(InferenceBackend):
-    mode = "pytorch"
+    mode = Mode.PYTORCH
     executor_name = "transformers"
 
-    def __init__(self, model_path: str | Path, device: str = "auto", max_resident_conversations: int = 8) -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "auto",
+        max_resident_conversations: int = 8,
+        preloaded: tuple | None = None,
+    ) -> None:
+        """preloaded: (model, processor) already in memory, e.g. the benchmark's full-size random-weight model;
+        model_path then only names it."""
         super().__init__(max_resident_conversations)
         import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
 
         self._torch = torch
         self.model_path = Path(model_path)
-        self.checkpoint = describe_checkpoint(self.model_path)
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         started = time.perf_counter()
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
-        self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
-        self.model.to(self.device).eval()
+        if preloaded is None:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            self.checkpoint = describe_checkpoint(self.model_path)
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            self.device = torch.device(device)
+            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+            self.processor = AutoProcessor.from_pretrained(self.model_path)
+            self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
+            self.model.to(self.device).eval()
+        else:
+            self.model, self.processor = preloaded
+            parameter = next(self.model.parameters())
+            self.device, self.dtype = parameter.device, parameter.dtype
+            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), is_demo=False)
         self.load_s = time.perf_counter() - started
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
@@ -85,6 +100,13 @@ class TorchInference(InferenceBackend):
 
     # --- model calls -----------------------------------------------------------------------------------------
     def _prefill_impl(self, kv, prompt: Prompt, start: int, end: int, want_token: bool) -> TokenStep | None:
+        logits = self._forward_prompt(kv, prompt, start, end)
+        return _greedy(self._torch, logits)[0] if want_token else None
+
+    def _prompt_logits_impl(self, kv, prompt: Prompt):
+        return self._forward_prompt(kv, prompt, 0, len(prompt.ids))[0].float().cpu().numpy()
+
+    def _forward_prompt(self, kv, prompt: Prompt, start: int, end: int):
         torch = self._torch
         ids = torch.tensor([prompt.ids[start:end]], device=self.device)
         inputs = {"input_ids": ids, "position_ids": torch.arange(start, end, device=self.device)[None]}
@@ -96,7 +118,7 @@ class TorchInference(InferenceBackend):
             inputs["token_type_ids"] = is_image.long()
         with torch.inference_mode():
             output = self.model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=1)
-        return _greedy(torch, output.logits[:, -1])[0] if want_token else None
+        return output.logits[:, -1]
 
     def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
         torch = self._torch
@@ -126,7 +148,7 @@ class TorchInference(InferenceBackend):
     def _info_impl(self) -> BackendInfo:
         device = self._torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
         return BackendInfo(
-            mode="pytorch",
+            mode=Mode.PYTORCH,
             precision=self.precision,
             device=device,
             executor=self.executor_name,
