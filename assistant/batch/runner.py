@@ -172,18 +172,24 @@ class _Run:
         if not entries:
             return
         try:
-            groups = [(entries, self.backend.image_features([entry[3] for entry in entries]))]
+            groups = [(entries, self._embed(entries))]
         except Exception:  # find the film that broke the batch: one at a time
             groups = []
             for entry in entries:
                 try:
-                    groups.append(([entry], self.backend.image_features([entry[3]])))
+                    groups.append(([entry], self._embed([entry])))
                 except Exception as exc:
                     self.fail(entry[0], ["features"], exc, entry[2])
         for group, features in groups:
             shard = self.shards.write(features)
             for row, (film, _, about, _) in enumerate(group):
                 self.append(features_record(film, self.plan.record_names, about, shard, row, features.shape[1:]))
+
+    def _embed(self, entries: list):
+        features = self.backend.image_features([entry[3] for entry in entries])
+        if len(features) != len(entries):  # rows would belong to the wrong films
+            raise RuntimeError(f"image_features returned {len(features)} rows for {len(entries)} films")
+        return features
 
     def _generations(self, entries: list) -> None:
         if not entries:
