@@ -52,6 +52,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--file_names", choices=["record", "omit"],
                         help="put each film's path in the records (default: record; omit for dicom-to-png)")  # fmt: skip
     parser.add_argument("--retry_failed", action="store_true", help="redo the films recorded as failed")
+    parser.add_argument("--one_by_one", action="store_true",
+                        help="generate one answer at a time instead of through the batching scheduler")  # fmt: skip
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -98,12 +100,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if backend.info().is_demo:
             logging.warning("demo model with random weights: its reports, answers and features mean nothing")
+    scheduler, run_requests = None, None
+    if backend is not None and not args.one_by_one:
+        from assistant.batch.requests import scheduled_requests
+        from serving.scheduler import Scheduler
+
+        in_flight = args.batch_size * (("report" in tasks) + len(questions) * ("qa" in tasks))
+        scheduler = Scheduler(backend, max_active=in_flight, max_waiting=in_flight, name="batch-scheduler")
+        run_requests = scheduled_requests(scheduler)
     try:
-        summary = run_batch(plan, backend, progress=not args.no_progress)
+        summary = run_batch(plan, backend, run_requests, progress=not args.no_progress)
     except (BatchUsageError, FolderBusyError, DamagedOutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
+        if scheduler is not None:
+            scheduler.close()
         if backend is not None:
             backend.close()
     for line in summary.lines():

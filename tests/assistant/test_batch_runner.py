@@ -6,7 +6,7 @@ import pytest
 
 from assistant.batch.features import load_features
 from assistant.batch.journal import Journal
-from assistant.batch.requests import sequential_requests
+from assistant.batch.requests import scheduled_requests, sequential_requests
 from assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
 from assistant.report_schema import REPORT_PROMPT
 from devtools.phantoms import chest_phantom, png_bytes, quantize
@@ -98,3 +98,44 @@ def test_qa_needs_questions_and_a_resume_refuses_other_questions(tmp_path, backe
               progress=False)  # fmt: skip
     with pytest.raises(BatchUsageError, match="different questions file"):
         run_batch(BatchPlan(films, tmp_path / "out", ("qa",), questions=("Two?",)), backend, progress=False)
+
+
+def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, demo_model_dir):
+    """The runner's batched path (serving's scheduler, all of a chunk's requests in flight) against the reference
+    path (one request after another): greedy decoding, so the same text; confidence within 1e-5."""
+    from pytorch_backend.eager import TorchInference
+    from serving.scheduler import Scheduler
+
+    films = tmp_path / "films"
+    films.mkdir()
+    for seed in range(3):
+        (films / f"f{seed}.png").write_bytes(png_bytes(quantize(chest_phantom(256, 224, seed=seed), 8)))
+    backend = TorchInference(demo_model_dir, device="cpu")
+    scheduler = Scheduler(backend, max_active=9, max_waiting=9)
+    try:
+        results = {}
+        for name, run_requests in (("one_by_one", sequential_requests(backend)),
+                                   ("scheduled", scheduled_requests(scheduler))):  # fmt: skip
+            plan = BatchPlan(films, tmp_path / name, ("report", "qa"), questions=("Effusion?", "Heart size?"),
+                             max_new_tokens=5, batch_size=3)  # fmt: skip
+            summary = run_batch(plan, backend, run_requests, progress=False)
+            assert summary.failed_films == 0 and summary.new_tokens == 3 * 3 * 5
+            with Journal.open(plan.output_dir) as journal:
+                results[name] = {(r["file"], r["task"]): r["result"] for r in journal}
+    finally:
+        scheduler.close()
+        backend.close()
+    assert results["one_by_one"].keys() == results["scheduled"].keys()
+    for key, reference in results["one_by_one"].items():
+        batched = results["scheduled"][key]
+        pairs = (
+            [(reference, batched)]
+            if key[1] == "report"
+            else list(zip(reference["answers"], batched["answers"], strict=True))
+        )
+        for expected, got in pairs:
+            assert got.get("text", got.get("answer")) == expected.get("text", expected.get("answer"))
+            confidence = "overall_confidence" if key[1] == "report" else "confidence"
+            assert got[confidence]["mean_probability"] == pytest.approx(
+                expected[confidence]["mean_probability"], abs=1e-5
+            )
