@@ -33,6 +33,10 @@ class Settings:
     keep_both_backends: bool = False  # keep the old backend loaded after a switch (needs memory for both)
     breaker_failures: int = 5  # consecutive TensorRT-path failures before falling back to PyTorch
     breaker_timeout_s: float = 120.0  # a TensorRT request slower than this counts as a failure
+    # SIGTERM lets running answers finish for at most this long. The one copy of the number: stop_gradio.sh and
+    # install_service.sh read it through `python -m serving.settings_cli get drain_timeout_s`.
+    drain_timeout_s: int = 120
+    instance_id: str = ""  # set per start by start_gradio.sh; /readyz returns it so the script knows who answered
     fault_injection: bool = False  # tests only: enables the control channel's fault switch
 
     @classmethod
@@ -57,6 +61,10 @@ class Settings:
             raise ValueError(f"DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"PORT must be 1..65535, got {self.port}")
+        if not 1 <= self.drain_timeout_s <= 3600:
+            raise ValueError(f"DRAIN_TIMEOUT_S must be 1..3600 seconds, got {self.drain_timeout_s}")
+        if len(self.instance_id) > 64 or not all(c.isalnum() or c == "-" for c in self.instance_id):
+            raise ValueError("INSTANCE_ID must be at most 64 letters, digits or '-'")
         return self
 
     @property

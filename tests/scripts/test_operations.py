@@ -18,43 +18,11 @@ import pytest
 from gradio_client import Client, handle_file
 
 from devtools.phantoms import chest_phantom, dicom_bytes, quantize
-from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, free_port
+from tests.scripts.harness import Operator
 
 pytestmark = pytest.mark.slow
 SCRIPTS = REPO_ROOT / "scripts"
-
-
-class Operator:
-    """Runs the scripts the way an operator does, against one install's LOG_DIR and port."""
-
-    def __init__(self, log_dir: Path, port: int, **env: str) -> None:
-        self.log_dir, self.port = log_dir, port
-        self.env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
-        self.env.update({"LOG_DIR": str(log_dir), "PORT": str(port), **env})
-
-    def run(self, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(SCRIPTS / script), *args], cwd="/", env=self.env, capture_output=True, text=True, timeout=timeout
-        )  # cwd="/": the scripts must work from any working directory
-
-    @property
-    def pid_file(self) -> Path:
-        return self.log_dir / "gradio_app.pid"
-
-    def pid(self) -> int:
-        return int(self.pid_file.read_text())
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status_json(self) -> dict:
-        result = self.run("status_gradio.sh", "--json")
-        return json.loads(result.stdout)
-
-    def cleanup(self) -> None:
-        if self.pid_file.exists():
-            self.run("stop_gradio.sh", "--timeout", "20")
 
 
 @pytest.fixture()
