@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from assistant.case import EXAMPLE_QUESTIONS, Case, stream_structured_report
-from serving.settings import Settings
+from serving.settings import Settings, SettingsError
 from xray_io import ImageInputError, load_radiograph
 
 logger = logging.getLogger("app")
@@ -50,6 +50,8 @@ def badge_markdown(service) -> str:
 def build_ui(service):
     import gradio as gr
 
+    from inference_api.errors import RequestError
+    from inference_api.types import GenerationStats
     from serving.service import ServiceUnavailable
 
     max_tokens = service.settings.max_new_tokens
@@ -63,6 +65,8 @@ def build_ui(service):
         return gr.Error(f"Internal error (incident {incident}); the server is still running. See logs/gradio_app.log.")
 
     def load_film(file_path: str | None, case: Case):
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)  # a new film starts a new conversation
         if not file_path:
             raise gr.Error("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         try:
@@ -92,11 +96,11 @@ def build_ui(service):
         if not question:
             raise gr.Error("Type a question (or pick an example) before asking.")
         history = case.chat_messages() + [{"role": "user", "content": question}]
-        answer = ""
+        answer, stats = "", GenerationStats()
         try:
-            for answer in service.stream_answer(case.ask(question, max_tokens)):
+            for answer in service.stream_answer(case.ask(question, max_tokens), stats):
                 yield history + [{"role": "assistant", "content": answer}], "", case
-        except (ValueError, ServiceUnavailable) as exc:
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
@@ -108,16 +112,21 @@ def build_ui(service):
             raise gr.Error("Upload a chest X-ray first, then ask for a report.")
         try:
             yield from stream_structured_report(case, service.stream_answer, max_tokens)
-        except (ValueError, ServiceUnavailable) as exc:
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
 
-    def new_case():
+    def new_case(case: Case):
+        service.forget_conversation(case.conversation_id)
         return None, None, "", [], "", "", Case()
 
+    def session_ended(case: Case) -> None:
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)
+
     with gr.Blocks(title="MedGemma X-Ray assistant", delete_cache=(3600, 3600)) as demo:
-        case_state = gr.State(Case())
+        case_state = gr.State(Case(), delete_callback=session_ended)
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         badge = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():
@@ -149,7 +158,7 @@ def build_ui(service):
         report_button.click(report, [case_state], [report_box], api_name="report", **generation)
         new_case_button.click(
             new_case,
-            None,
+            [case_state],
             [upload, preview, film_notes, chatbot, question, report_box, case_state],
             api_name="new_case",
         )
@@ -209,7 +218,7 @@ class DrainingServer:
                 if self._draining:
                     return super().handle_exit(sig, frame)
                 self._draining = True
-                notify("STOPPING=1", f"STATUS=draining: running answers get up to {drain_timeout_s} s")
+                notify("STOPPING=1", f"STATUS=draining: running answers get up to {drain_timeout_s:g} s")
                 logger.info("signal %d: refusing new work, letting running answers finish", sig)
                 threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
 
@@ -246,7 +255,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, backend_factory=None) -> int:
+    """Run the server. backend_factory: the service's seam for tests (default: serving.factory.create_backend)."""
     from serving import exit_codes
     from serving.listener import PortInUseError, reserve_port
 
@@ -259,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
         if not settings.instance_id:
             settings = settings.with_overrides(instance_id=uuid.uuid4().hex)
-    except ValueError as exc:
+    except SettingsError as exc:
         logger.error("bad configuration: %s", exc)
         return exit_codes.BAD_CONFIGURATION
     try:  # before the model loads: a taken port fails in milliseconds, and nobody can take it meanwhile
@@ -274,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from serving.service import InferenceService
 
-    service = InferenceService(settings)
+    service = InferenceService(settings) if backend_factory is None else InferenceService(settings, backend_factory)
     control = None
     try:
         service.start()

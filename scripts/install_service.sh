@@ -36,9 +36,9 @@ fi
 
 # The server's own settings, with the environment file applied: never a copy of a number.
 service_setting() {
-  py -m serving.settings_cli get "$1" --env-file "${env_file}" || die "bad setting in ${env_file} (see above)"
+  setting "$1" --env-file "${env_file}" || die "bad setting in ${env_file} (see above)"
 }
-drain_s=$(service_setting drain_timeout_s)
+drain_s=$(setting_seconds drain_timeout_s --env-file "${env_file}") || die "bad setting in ${env_file} (see above)"
 host=$(service_setting host)
 model_path=$(service_setting model_path)
 engine_path=$(service_setting engine_path)

@@ -36,9 +36,19 @@ py() {
   PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" "${VENV_PYTHON}" "$@"
 }
 
-# One effective setting, read by the project's own Settings (no copy of a default here).
+# One effective setting, read by the project's own Settings (no copy of a default here). Extra arguments go to
+# the CLI (--env-file FILE).
 setting() {
-  py -m serving.settings_cli get "$1"
+  py -m serving.settings get "$@"
+}
+
+# A setting in seconds, rounded up to whole seconds for shell arithmetic ("4.5" -> 5, "120.0" -> 120).
+setting_seconds() {
+  local value whole
+  value=$(setting "$@") || return
+  whole=${value%%.*}
+  [[ "${value}" == *.* && "${value#*.}" =~ [1-9] ]] && whole=$((whole + 1))
+  echo "${whole}"
 }
 
 # Is PID this checkout's server? Prints one word: ours, gone (no such process, or a zombie), foreign (a live

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop the server gracefully: SIGTERM lets running answers finish for up to DRAIN_TIMEOUT_S (the server's own
-# setting, read through serving.settings_cli), then SIGKILL if it is still there. Cleans what a dead server left.
+# setting, read through python -m serving.settings), then SIGKILL if it is still there. Cleans what a dead server left.
 # Usage: stop_gradio.sh [--timeout SECONDS]   (default: DRAIN_TIMEOUT_S + 15 s for the server's own shutdown)
 # Exit status: 0 stopped, or not running; 4 not allowed to signal it (run as the service's user or root).
 set -euo pipefail
@@ -36,7 +36,7 @@ case ${state} in
 esac
 
 require_venv
-drain_s=$(setting drain_timeout_s) || die "cannot read DRAIN_TIMEOUT_S (see above)"
+drain_s=$(setting_seconds drain_timeout_s) || die "cannot read DRAIN_TIMEOUT_S (see above)"
 timeout_s=${timeout_s:-$((drain_s + shutdown_allowance_s))}
 echo "stopping PID ${pid} (SIGTERM: running answers get up to ${drain_s} s to finish; SIGKILL after ${timeout_s} s)"
 if ! kill -TERM "${pid}" 2>/dev/null && [[ -d "/proc/${pid}" ]]; then

@@ -193,14 +193,14 @@ def test_stale_pid_file_socket_and_token_are_removed(tmp_path):
 def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_path):
     def setting(**env: str) -> str:
         return subprocess.run(
-            [sys.executable, "-m", "serving.settings_cli", "get", "drain_timeout_s"], cwd=REPO_ROOT,
+            [sys.executable, "-m", "serving.settings", "get", "drain_timeout_s"], cwd=REPO_ROOT,
             env={**os.environ, **env}, capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
 
     from serving.settings import Settings
 
     assert setting() == str(Settings().drain_timeout_s)
-    assert setting(DRAIN_TIMEOUT_S="4") == "4"
+    assert float(setting(DRAIN_TIMEOUT_S="4")) == 4
 
     film = tmp_path / "film.dcm"
     film.write_bytes(dicom_bytes(quantize(chest_phantom(seed=3), 12), bits_stored=12, window=(2048, 4096)))
@@ -221,7 +221,7 @@ def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_pa
         asker = threading.Thread(target=ask, daemon=True)
         asker.start()
         deadline = time.monotonic() + 60
-        while op.status_json()["queue_depth"] == 0:
+        while op.status_json()["requests_running"] == 0:
             assert time.monotonic() < deadline, "the answer never started"
             time.sleep(0.2)
         began = time.monotonic()
