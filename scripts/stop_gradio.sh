@@ -55,6 +55,8 @@ while [[ $(process_identity "${pid}") == ours ]]; do
   fi
   sleep 0.5
 done
+# Exited, perhaps still a zombie: give its parent (often init) a moment to reap it, so "stopped" means gone.
+for _ in $(seq 25); do [[ -d "/proc/${pid}" ]] || break; sleep 0.2; done
 open_lock
 if flock -w 5 9; then  # the server has let go of the lock: its files are ours to clean
   remove_stale_files
