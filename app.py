@@ -2,6 +2,7 @@
 
 Layout and thin handlers only; the model lives in serving.service, image input in xray_io.
 Run: python app.py [--model_path DIR] [--mode pytorch|trt] [--engine_path DIR] [--port 7860]
+Exit status (serving/exit_codes.py): 0 stopped cleanly, 1 start-up failed, 2 bad configuration, 98 port in use.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import logging.handlers
+import os
 import sys
 import threading
 import uuid
@@ -181,7 +183,9 @@ def build_http_app(service, demo):
     @api.get("/readyz")
     def readiness():
         ready = service.ready.is_set()
-        return JSONResponse({"ready": ready, "mode": service.mode}, status_code=200 if ready else 503)
+        # "instance": this start's id, so start_gradio.sh never takes another server's answer for its own.
+        body = {"ready": ready, "mode": service.mode, "instance": service.settings.instance_id}
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @api.get("/metrics")
     def metrics():
@@ -197,16 +201,24 @@ class DrainingServer:
     """uvicorn's server, but SIGTERM first lets running answers finish (the UI's event streams stay open forever,
     so waiting on connections would always hit the timeout). A second signal stops at once."""
 
-    def __new__(cls, config, service, drain_timeout_s: float = 120.0):
+    def __new__(cls, config, service, drain_timeout_s: float):
         import uvicorn
+
+        from serving.systemd_notify import notify
 
         class _Server(uvicorn.Server):
             _draining = False
+
+            async def startup(self, sockets=None) -> None:
+                await super().startup(sockets=sockets)
+                if self.started:  # listening now: only here is "ready" true for systemd's Type=notify
+                    notify("READY=1", f"STATUS=serving on port {config.port} (mode {service.mode})")
 
             def handle_exit(self, sig, frame) -> None:
                 if self._draining:
                     return super().handle_exit(sig, frame)
                 self._draining = True
+                notify("STOPPING=1", f"STATUS=draining: running answers get up to {drain_timeout_s:g} s")
                 logger.info("signal %d: refusing new work, letting running answers finish", sig)
                 threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
 
@@ -239,21 +251,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, help="UI port (default 7860)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--log_file", type=Path, help="rotating log file (default: stderr)")
+    parser.add_argument("--instance_id", help="this start's id, returned by /readyz (start_gradio.sh sets it)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None, backend_factory=None) -> int:
     """Run the server. backend_factory: the service's seam for tests (default: serving.factory.create_backend)."""
+    from serving import exit_codes
+    from serving.listener import PortInUseError, reserve_port
+
     args = parse_args(argv)
     configure_logging(args.log_file)
     try:
         settings = Settings.from_env(
             model_path=args.model_path, inference_mode=args.mode, engine_path=args.engine_path,
-            host=args.host, port=args.port, device=args.device,
+            host=args.host, port=args.port, device=args.device, instance_id=args.instance_id,
         )  # fmt: skip
+        if not settings.instance_id:
+            settings = settings.with_overrides(instance_id=uuid.uuid4().hex)
     except SettingsError as exc:
         logger.error("bad configuration: %s", exc)
-        return 2
+        return exit_codes.BAD_CONFIGURATION
+    try:  # before the model loads: a taken port fails in milliseconds, and nobody can take it meanwhile
+        listener = reserve_port(settings.host, settings.port)
+    except (PortInUseError, OSError) as exc:
+        logger.error("cannot listen: %s", exc)
+        print(f"error: cannot listen: {exc}", file=sys.stderr)
+        return exit_codes.PORT_IN_USE if isinstance(exc, PortInUseError) else exit_codes.BAD_CONFIGURATION
+    logger.info("starting (PID %d, instance %s)", os.getpid(), settings.instance_id)
 
     import uvicorn
 
@@ -270,21 +295,22 @@ def main(argv: list[str] | None = None, backend_factory=None) -> int:
     except Exception as exc:
         logger.error("startup failed: %s", exc)
         service.close()
-        return 1
+        listener.close()
+        return exit_codes.STARTUP_FAILED
     app = build_http_app(service, build_ui(service))
     config = uvicorn.Config(
         app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3
     )
-    server = DrainingServer(config, service)
+    server = DrainingServer(config, service, settings.drain_timeout_s)
     logger.info("serving on http://%s:%d (mode %s)", settings.host, settings.port, service.mode)
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
-        server.run()
+        server.run(sockets=[listener])
     finally:
         if control is not None:
             control.close()
         service.close()
         logger.info("stopped")
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

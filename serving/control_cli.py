@@ -1,6 +1,9 @@
 """Command line over the control channel, for the operator scripts: status and switch.
 
 Exit status: 0 success; 1 the server refused or the switch failed (current mode kept); 3 not reachable.
+`status` (given --pid of a live process by status_gradio.sh) instead answers for a server it cannot reach:
+150 "starting" (the channel does not answer yet: loading the model, or hung), 4 "unknown" (this user may not
+use the channel). With --json it prints one JSON object in every case.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from pathlib import Path
 
 from inference_api.types import Mode
 from serving.control import send_command
+
+STATUS_STARTING = 150  # LSB leaves 150-199 to applications
+STATUS_UNKNOWN = 4
 
 
 def mode_label(mode: str | None) -> str:
@@ -83,13 +89,33 @@ def format_status(status: dict, pid: int | None) -> str:
     return "\n".join(lines)
 
 
+def unreachable_status(args: argparse.Namespace, exc: Exception) -> int:
+    """A live process whose channel does not answer is starting (or hung), not stopped."""
+    if isinstance(exc, PermissionError):
+        code, state, running = STATUS_UNKNOWN, "unknown", True
+        detail = f"PID {args.pid} is alive, but its control channel refused this user ({exc}): run as its user or root"
+    else:
+        code, state, running = STATUS_STARTING, "starting", True
+        detail = (
+            f"PID {args.pid} is alive, but its control channel at {args.socket} does not answer yet ({exc}): "
+            f"it is loading the model, or it hangs; see {args.log or 'its log'}"
+        )
+    if args.json:
+        print(json.dumps({"running": running, "state": state, "pid": args.pid, "ready": False, "detail": detail}))
+    else:
+        print(f"Status: {state} ({detail})")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server's reply")
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status")
     status.add_argument("--json", action="store_true")
     status.add_argument("--pid", type=int)
+    status.add_argument("--log", help="the server's log, named when it does not answer")
     switch = commands.add_parser("switch")
     switch.add_argument("mode", choices=[mode.value for mode in Mode])
     args = parser.parse_args(argv)
@@ -98,14 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "switch":
         payload["mode"] = args.mode
     try:
-        reply = send_command(args.socket, payload)
+        reply = send_command(args.socket, payload, timeout_s=args.timeout)
     except (OSError, ValueError) as exc:
+        if args.command == "status" and args.pid is not None:
+            return unreachable_status(args, exc)
         print(f"error: cannot reach the server's control channel at {args.socket}: {exc}", file=sys.stderr)
         return 3
 
     if args.command == "status":
+        if not reply.get("ok") and args.pid is not None:
+            return unreachable_status(args, PermissionError(reply.get("error")))
         if args.json:
-            print(json.dumps({"running": True, "pid": args.pid, **reply.get("status", {})}, indent=2, default=str))
+            body = {"running": True, "state": "running", "pid": args.pid, **reply.get("status", {})}
+            print(json.dumps(body, indent=2, default=str))
         else:
             print(format_status(reply["status"], args.pid))
         return 0

@@ -5,6 +5,7 @@ the values they need through this module's CLI, never from copies:
 
     python -m serving.settings get drain_timeout_s      # one value, after the environment is applied
     python -m serving.settings show                     # all of them, as JSON
+    python -m serving.settings get host --env-file /etc/default/medgemma-xray   # as the systemd unit will see it
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import types
 import typing
@@ -55,6 +57,8 @@ class Settings:
     breaker_failures: int = 5  # consecutive TensorRT failures before falling back to PyTorch
     breaker_timeout_s: float = 120.0  # a TensorRT answer not finished this long after it started is a failure
     drain_timeout_s: float = 120.0  # on SIGTERM, how long running answers may take to finish
+    # --- this start ---
+    instance_id: str = ""  # set per start by start_gradio.sh; /readyz returns it so the script knows who answered
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -95,6 +99,8 @@ class Settings:
         _in_range("BREAKER_FAILURES", self.breaker_failures, 1, 1000)
         for name in ("request_timeout_s", "breaker_timeout_s", "drain_timeout_s"):
             _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
+        if len(self.instance_id) > 64 or not all(c.isalnum() or c == "-" for c in self.instance_id):
+            raise SettingsError("INSTANCE_ID must be at most 64 letters, digits or '-'")
         return self
 
     @property
@@ -143,20 +149,45 @@ def _in_range(name: str, value: float, low: float, high: float) -> None:
         raise SettingsError(f"{name} must be in {low:g}..{high:g}, got {value:g}")
 
 
+def read_environment_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them (blank lines and # or ; comments skipped, values
+    optionally quoted), so install_service.sh sizes the unit from the values the service will really get."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, separator, raw = line.partition("=")
+        if not separator or not key.strip().isidentifier():
+            raise SettingsError(f"{path}:{number}: expected KEY=VALUE")
+        values[key.strip()] = " ".join(shlex.split(raw)) if raw.strip() else ""
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Print the server's settings as the environment makes them.")
     commands = parser.add_subparsers(dest="command", required=True)
     get = commands.add_parser("get", help="one setting's value")
     get.add_argument("name", choices=[spec.name for spec in fields(Settings)])
-    commands.add_parser("show", help="every setting, as JSON")
+    show = commands.add_parser("show", help="every setting, as JSON")
+    for command in (get, show):
+        command.add_argument(
+            "--env-file", type=Path, help="also apply this systemd EnvironmentFile, which wins over the environment"
+        )
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env()
-    except SettingsError as exc:
+        environ = dict(os.environ)
+        if args.env_file is not None and args.env_file.exists():
+            environ.update(read_environment_file(args.env_file))
+        settings = Settings.from_env(environ)
+    except (SettingsError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     values = settings.as_dict()
-    print(values[args.name] if args.command == "get" else json.dumps(values, indent=2))
+    if args.command == "get":  # an unset value prints as an empty line, never "None", for the shell scripts
+        print("" if values[args.name] is None else values[args.name])
+    else:
+        print(json.dumps(values, indent=2))
     return 0
 
 

@@ -18,7 +18,8 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 # Settings a developer's shell may carry that would point a test server at someone else's files or model.
 ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
                       "KEEP_BOTH_BACKENDS", "MAX_NEW_TOKENS", "DEVICE", "TORCH_PATH",
-                      "GENERATION_CONCURRENCY", "QUEUE_SIZE", "DRAIN_TIMEOUT_S", "REQUEST_TIMEOUT_S")  # fmt: skip
+                      "GENERATION_CONCURRENCY", "QUEUE_SIZE", "DRAIN_TIMEOUT_S", "REQUEST_TIMEOUT_S",
+                      "INSTANCE_ID", "NOTIFY_SOCKET")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

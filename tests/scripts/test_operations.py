@@ -19,42 +19,10 @@ from gradio_client import Client, handle_file
 
 from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port, wait_ready
+from tests.scripts.harness import Operator
 
 pytestmark = pytest.mark.slow
 SCRIPTS = REPO_ROOT / "scripts"
-
-
-class Operator:
-    """Runs the scripts the way an operator does, against one install's LOG_DIR and port."""
-
-    def __init__(self, log_dir: Path, port: int, **env: str) -> None:
-        self.log_dir, self.port = log_dir, port
-        self.env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
-        self.env.update({"LOG_DIR": str(log_dir), "PORT": str(port), **env})
-
-    def run(self, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(SCRIPTS / script), *args], cwd="/", env=self.env, capture_output=True, text=True, timeout=timeout
-        )  # cwd="/": the scripts must work from any working directory
-
-    @property
-    def pid_file(self) -> Path:
-        return self.log_dir / "gradio_app.pid"
-
-    def pid(self) -> int:
-        return int(self.pid_file.read_text())
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status_json(self) -> dict:
-        result = self.run("status_gradio.sh", "--json")
-        return json.loads(result.stdout)
-
-    def cleanup(self) -> None:
-        if self.pid_file.exists():
-            self.run("stop_gradio.sh", "--timeout", "20")
 
 
 @pytest.fixture()
@@ -346,22 +314,3 @@ def test_metrics_expose_the_series_with_samples(demo_server, film):
         r"^# TYPE medgemma_gpu_utilization_percent gauge$",
     ):
         assert re.search(pattern, body, re.M), pattern
-
-
-def test_systemd_unit_is_generated_and_verifies(tmp_path):
-    unit = tmp_path / "medgemma-xray.service"
-    op = Operator(tmp_path / "logs", free_port())
-    result = op.run("install_service.sh", "--user", "root", "--output", str(unit))
-    assert result.returncode == 0, result.stderr
-    text = unit.read_text()
-    assert f"ExecStart={REPO_ROOT}/scripts/start_gradio.sh --foreground" in text
-    assert "Restart=on-failure" in text and "EnvironmentFile=-/etc/default/medgemma-xray" in text
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.fail("systemd-analyze is missing; scripts/setup_env.sh --dev installs systemd's tools")
-    verified = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
-    assert verified.returncode == 0 and str(unit) not in verified.stderr, verified.stderr
-    broken = tmp_path / "broken.service"
-    broken.write_text(text.replace("Restart=on-failure", "Restart=sometimes"))
-    complaint = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True)
-    assert "Failed to parse service restart specifier" in complaint.stderr  # the check can fail
