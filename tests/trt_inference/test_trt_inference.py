@@ -172,3 +172,23 @@ def test_onnx_only_bundle_refuses_the_tensorrt_executor_with_the_fix(fp32_bundle
 def _cosine(a, b):
     a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_a_follow_up_keeps_the_decoder_slot_and_prefills_only_its_new_tokens(int8_bundle, film):
+    """KV reuse across turns on the engine path (ONNX Runtime executor): same tokens, a fraction of the prefill."""
+    from inference_api.types import GenerationStats
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(int8_bundle)
+    try:
+        first = GenerationRequest(film, (ChatTurn("user", "Findings?"),), max_new_tokens=8, conversation_id="case")
+        answer = bundle.generate(first)
+        assert bundle.resident_conversations == ["case"]
+        turns = (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "And the heart?"))
+        kept, fresh = GenerationStats(), GenerationStats()
+        bundle.generate(GenerationRequest(film, turns, max_new_tokens=8, conversation_id="case"), kept)
+        bundle.generate(GenerationRequest(film, turns, max_new_tokens=8), fresh)
+        assert kept.reused_tokens > 256 and fresh.reused_tokens == 0
+        assert kept.token_ids == fresh.token_ids
+    finally:
+        bundle.close()
