@@ -72,3 +72,31 @@ def test_triton_kernel_matches_the_reference_in_the_interpreter():
     assert result.returncode == 0, result.stderr[-3000:]
     worst = float(result.stdout.split("WORST")[1])
     assert worst < 1e-5, worst
+
+
+def test_triton_kernels_compile_for_the_h200():
+    """Triton compiles both kernels to SM 9.0 code here, without a GPU: its interpreter accepts code (a ternary on a
+    runtime value, found on the H200) that the compiler refuses."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, _kernels
+
+    kernels = _kernels()
+    strides = ["q_b", "q_h", "q_d", "c_s", "c_h", "c_n", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
+    partial = {"q": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "slots": "*i64", "lengths": "*i64",
+               "partial": "*fp32", "lse": "*fp32", **dict.fromkeys(strides, "i32"), "scale": "fp32", "window": "i32",
+               "group": "i32", "splits": "i32", **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H"), "constexpr")}  # fmt: skip
+    merge = {"partial": "*fp32", "lse": "*fp32", "out": "*bf16",
+             **dict.fromkeys(["p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s", "o_b", "o_h", "o_d", "splits"], "i32"),
+             **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_S"), "constexpr")}  # fmt: skip
+    target = GPUTarget("cuda", 90, 32)
+    sizes = {"DIM": 256, "BLOCK_DIM": 256, "BLOCK_N": BLOCK_N, "BLOCK_H": BLOCK_H}
+    compiled = triton.compile(ASTSource(fn=kernels.partial, signature=partial, constexprs=sizes), target=target)
+    assert ".target sm_90" in compiled.asm["ptx"]
+    merged = triton.compile(
+        ASTSource(fn=kernels.merge, signature=merge, constexprs={"DIM": 256, "BLOCK_DIM": 256, "BLOCK_S": 8}),
+        target=target,
+    )
+    assert "cubin" in merged.asm
