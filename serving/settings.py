@@ -35,6 +35,16 @@ class Settings:
     breaker_timeout_s: float = 120.0  # a TensorRT request slower than this counts as a failure
     fault_injection: bool = False  # tests only: enables the control channel's fault switch
 
+    # --- security and limits (issue 7): uploads, login, per-request bounds -----------------------------------
+    upload_cache_dir: Path | None = None  # this server's private Gradio cache; default <log_dir>/upload-cache
+    max_file_size_mb: int = 64  # larger uploads are refused by Gradio's upload route (HTTP 413)
+    max_pixels: int = 40_000_000  # rows x columns (x frames), checked from the header before decoding
+    cache_max_age_s: int = 600  # previews and unread uploads older than this are deleted (Gradio's delete_cache)
+    auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
+    max_turns: int = 20  # questions in one conversation; then the user starts a new case
+    max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    request_timeout_s: float = 300.0  # an answer still streaming after this long is stopped
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> Settings:
         environ = dict(os.environ if environ is None else environ)
@@ -57,6 +67,10 @@ class Settings:
             raise ValueError(f"DEVICE must be auto, cpu or cuda, got {self.device!r}")
         if not 1 <= self.port <= 65535:
             raise ValueError(f"PORT must be 1..65535, got {self.port}")
+        for name in ("max_file_size_mb", "max_pixels", "cache_max_age_s", "max_turns", "max_prompt_tokens",
+                     "request_timeout_s", "queue_size"):  # fmt: skip
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name.upper()} must be positive, got {getattr(self, name)}")
         return self
 
     @property
@@ -66,6 +80,14 @@ class Settings:
     @property
     def uses_demo_model(self) -> bool:
         return self.model_path is None
+
+    @property
+    def upload_cache_path(self) -> Path:
+        return Path(self.upload_cache_dir) if self.upload_cache_dir else Path(self.log_dir) / "upload-cache"
+
+    @property
+    def max_file_size_bytes(self) -> int:
+        return self.max_file_size_mb << 20
 
     @property
     def control_socket_path(self) -> Path:

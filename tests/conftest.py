@@ -17,7 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 # Settings a developer's shell may carry that would point a test server at someone else's files or model.
 ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
-                      "KEEP_BOTH_BACKENDS", "FAULT_INJECTION", "MAX_NEW_TOKENS", "DEVICE")  # fmt: skip
+                      "KEEP_BOTH_BACKENDS", "FAULT_INJECTION", "MAX_NEW_TOKENS", "DEVICE", "GRADIO_TEMP_DIR",
+                      "UPLOAD_CACHE_DIR", "AUTH_FILE", "MAX_FILE_SIZE_MB", "MAX_PIXELS", "CACHE_MAX_AGE_S", "MAX_TURNS",
+                      "MAX_PROMPT_TOKENS", "REQUEST_TIMEOUT_S", "QUEUE_SIZE", "GENERATION_CONCURRENCY")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -87,8 +87,6 @@ def test_bombs_are_refused_from_the_header(tmp_path, name):
     assert outcome["peak_bytes"] < BOMB_PEAK_BYTES, f"{outcome['peak_bytes'] >> 20} MiB to refuse {name}"
 
 
-
-
 @functools.cache
 def large_film(bits: int):
     return quantize(_large_phantom(), bits)
