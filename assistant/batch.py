@@ -68,7 +68,7 @@ def process_folder(backend, input_dir: Path, output_dir: Path, reports: bool, fe
             relative = str(path.relative_to(input_dir))
             row = {"file": relative, "status": "ok", "source": "", "view_position": "", "warnings": "", "error": ""}
             try:
-                film = load_radiograph(path, filename=path.name)
+                film = load_radiograph(path)
                 row.update(source=film.source, view_position=film.view_position or "",
                            warnings=" | ".join(film.warnings))  # fmt: skip
                 image = model_input_image(film)
@@ -79,7 +79,8 @@ def process_folder(backend, input_dir: Path, output_dir: Path, reports: bool, fe
                 elif reports:
                     updates = stream_structured_report(Case(film, image), cumulative(backend), max_new_tokens)
                     text = list(updates)[-1]  # the last update is the whole report
-                    report_path.write_text(f"<!-- {relative}: {film.source} -->\n{text}\n")
+                    # The report's own name maps it to its film; its text carries no file name, so it can be shared.
+                    report_path.write_text(f"<!-- {film.source} -->\n{text}\n")
                 if features:
                     pending_images.append(image)
                     pending_names.append(relative)

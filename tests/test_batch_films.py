@@ -72,3 +72,51 @@ def test_reports_and_features_for_a_mixed_folder(mixed_folder, tmp_path, demo_mo
 def test_missing_input_folder_is_a_usage_error(tmp_path):
     result = run_batch("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"))
     assert result.returncode == 2 and "is not a folder" in result.stderr
+
+
+def test_hostile_files_neither_stop_the_batch_nor_leak_identifiers(tmp_path, demo_model_dir):
+    """One bad file never stops the run; identifiers in names and tags never reach the console or the texts."""
+    import io
+
+    import pydicom
+
+    from devtools.hostile_files import FAKE_IDENTIFIERS, FAKE_IDENTIFYING_FILE_NAME, dicom_rle_bomb, png_bomb
+
+    def identified(**changes) -> bytes:
+        dataset = pydicom.dcmread(io.BytesIO(dicom_bytes(quantize(chest_phantom(seed=6), 12), bits_stored=12,
+                                                         window=(2048, 4096))))  # fmt: skip
+        for keyword, value in {**FAKE_IDENTIFIERS, **changes}.items():
+            setattr(dataset, keyword, value)
+        buffer = io.BytesIO()
+        dataset.save_as(buffer, enforce_file_format=True)
+        return buffer.getvalue()
+
+    folder = tmp_path / "films"
+    folder.mkdir()
+    files = {
+        "good.dcm": identified(), "window-width-0.dcm": identified(WindowWidth="0"),
+        "bits-contradict.dcm": identified(BitsAllocated=8), "ct.dcm": identified(Modality="CT"),
+        "bomb.png": png_bomb(13000, 13000), "bomb-rle.dcm": dicom_rle_bomb(20000, 20000),
+        "headerless.dcm": identified()[132:],
+    }  # fmt: skip
+    for name, content in files.items():
+        (folder / f"{FAKE_IDENTIFYING_FILE_NAME}_{name}").write_bytes(content)
+    out = tmp_path / "out"
+    result = run_batch("--input", str(folder), "--output", str(out), "--task", "report", "--max_new_tokens", "4")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "3 films done, 4 failed" in result.stdout
+    markers = ["ZZTESTPATIENT", "SECRETNAME", "PID-7731", *FAKE_IDENTIFIERS.values()]
+    console = result.stdout + result.stderr
+    leaks = [line for line in console.splitlines() if any(marker in line for marker in markers)]
+    assert leaks == []
+    assert "Traceback" not in console
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert len(rows) == 7
+    for row in rows:  # the file column is the operator's own relative path; nothing else names the film
+        texts = " ".join(value for key, value in row.items() if key != "file")
+        assert [marker for marker in markers if marker in texts] == [], row
+    errors = {row["file"].split("_")[-1]: row["error"] for row in rows if row["status"] == "error"}
+    assert set(errors) == {"bits-contradict.dcm", "ct.dcm", "bomb.png", "bomb-rle.dcm"}
+    assert "the limit is 40 Mpx" in errors["bomb.png"] and "the limit is 40 Mpx" in errors["bomb-rle.dcm"]
+    for report in (out / "reports").iterdir():
+        assert [marker for marker in FAKE_IDENTIFIERS.values() if marker in report.read_text()] == []
