@@ -239,7 +239,44 @@ def _check_header(dataset, max_pixels: int) -> _Header:
             "The file names a transfer syntax that is not a standard DICOM one, so its pixels cannot be decoded. "
             "Export the film again, uncompressed or with a standard compression."
         )
+    if syntax.is_encapsulated:
+        _check_codestream_size(dataset, syntax, rows, columns, max_pixels)
     return _Header(modality, photometric, bits_stored, shape, syntax.name)
+
+
+def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels: int) -> None:
+    """JPEG-family decoders size their output from the codestream, not from the DICOM header: a 100x100 header
+    over a codestream claiming 60000x60000 would allocate gigabytes. Read the codestream's own size first."""
+    from pydicom.encaps import generate_frames
+    from pydicom.pixels.utils import _get_jpg_parameters  # pydicom 3.0.2, pinned
+
+    try:
+        frame = next(generate_frames(dataset.PixelData, number_of_frames=1))
+    except MemoryError:
+        raise
+    except Exception:  # damaged encapsulation: the decoder reports it as corrupt pixel data
+        return
+    if syntax.name.startswith("JPEG 2000") or frame[:4] == b"\xff\x4f\xff\x51":
+        start = frame.find(b"\xff\x4f\xff\x51", 0, 4096)  # SOC then SIZ: after any JP2 boxes
+        if start < 0 or len(frame) < start + 24:
+            return
+        size = [int.from_bytes(frame[start + at : start + at + 4], "big") for at in (8, 12, 16, 20)]
+        width, height = size[0] - size[2], size[1] - size[3]
+    else:
+        found = _get_jpg_parameters(bytes(frame[:65536]))
+        if "width" not in found:
+            return
+        width, height = found["width"], found["height"]
+    if width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"The compressed image inside the file claims {width}x{height} pixels; the limit is "
+            f"{max_pixels / 1e6:g} Mpx, so it was refused before decoding. Export the film again from the PACS."
+        )
+    if (width, height) != (columns, rows):
+        raise CorruptImageError(
+            f"The header says {columns}x{rows} pixels but the compressed image inside is {width}x{height}; "
+            "the file is inconsistent. Export the film again from the PACS."
+        )
 
 
 def _value(dataset, keyword: str, label: str):
