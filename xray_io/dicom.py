@@ -247,14 +247,10 @@ def _check_header(dataset, max_pixels: int) -> _Header:
 def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels: int) -> None:
     """JPEG-family decoders size their output from the codestream, not from the DICOM header: a 100x100 header
     over a codestream claiming 60000x60000 would allocate gigabytes. Read the codestream's own size first."""
-    from pydicom.encaps import generate_frames
     from pydicom.pixels.utils import _get_jpg_parameters  # pydicom 3.0.2, pinned
 
-    try:
-        frame = next(generate_frames(dataset.PixelData, number_of_frames=1))
-    except MemoryError:
-        raise
-    except Exception:  # damaged encapsulation: the decoder reports it as corrupt pixel data
+    frame = _first_fragment_head(_value(dataset, "PixelData", "Pixel Data") or b"")
+    if frame is None:  # damaged encapsulation: the decoder reports it as corrupt pixel data
         return
     if syntax.name.startswith("JPEG 2000") or frame[:4] == b"\xff\x4f\xff\x51":
         start = frame.find(b"\xff\x4f\xff\x51", 0, 4096)  # SOC then SIZ: after any JP2 boxes
@@ -263,7 +259,7 @@ def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels:
         size = [int.from_bytes(frame[start + at : start + at + 4], "big") for at in (8, 12, 16, 20)]
         width, height = size[0] - size[2], size[1] - size[3]
     else:
-        found = _get_jpg_parameters(bytes(frame[:65536]))
+        found = _get_jpg_parameters(frame)
         if "width" not in found:
             return
         width, height = found["width"], found["height"]
@@ -277,6 +273,21 @@ def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels:
             f"The header says {columns}x{rows} pixels but the compressed image inside is {width}x{height}; "
             "the file is inconsistent. Export the film again from the PACS."
         )
+
+
+def _first_fragment_head(pixel_data: bytes, size: int = 65536) -> bytes | None:
+    """The first bytes of the first fragment of encapsulated pixel data (PS3.5 A.4: a Basic Offset Table item,
+    then fragment items), read in place: the codestream's header is at its start, and copying a whole frame
+    would cost as much memory as the compressed film."""
+    item = b"\xfe\xff\x00\xe0"  # (FFFE,E000), little endian
+    view = memoryview(pixel_data)
+    if view[0:4] != item:
+        return None
+    start = 8 + int.from_bytes(view[4:8], "little")  # past the offset table
+    if view[start : start + 4] != item:
+        return None
+    length = int.from_bytes(view[start + 4 : start + 8], "little")
+    return bytes(view[start + 8 : start + 8 + min(length, size)])
 
 
 def _value(dataset, keyword: str, label: str):

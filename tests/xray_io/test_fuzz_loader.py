@@ -11,6 +11,7 @@ import io
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from xray_io import ImageInputError, Radiograph, load_radiograph
 from xray_io.errors import UnexpectedImageError
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
+pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 10))  # about 25 ms an example here: a hard stop in CI
 FUZZ = settings(
     max_examples=EXAMPLES, derandomize=True, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
