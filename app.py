@@ -63,6 +63,10 @@ def build_ui(service, uploads=None):
         logger.warning("user error: %s", type(exc).__name__)
         return gr.Error(str(exc), duration=None, print_exception=False)
 
+    def refused(message: str) -> gr.Error:  # a fixed text of ours: the kind is logged, not the message
+        logger.warning("user error: incomplete request")
+        return gr.Error(message, print_exception=False)
+
     def internal_error(exc: Exception) -> gr.Error:
         incident = uuid.uuid4().hex[:8]
         frames = "".join(traceback.format_tb(exc.__traceback__))  # where it failed, without the message
@@ -75,7 +79,7 @@ def build_ui(service, uploads=None):
 
     def load_film(file_path: str | None, case: Case):
         if not file_path:
-            raise gr.Error("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
+            raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         try:
             from xray_io.preprocess import model_input_image
 
@@ -100,9 +104,9 @@ def build_ui(service, uploads=None):
     def ask(question: str, case: Case):
         question = (question or "").strip()
         if not case.has_film:
-            raise gr.Error("Upload a chest X-ray first, then ask about it.")
+            raise refused("Upload a chest X-ray first, then ask about it.")
         if not question:
-            raise gr.Error("Type a question (or pick an example) before asking.")
+            raise refused("Type a question (or pick an example) before asking.")
         history = case.chat_messages() + [{"role": "user", "content": question}]
         answer = ""
         try:
@@ -118,7 +122,7 @@ def build_ui(service, uploads=None):
 
     def report(case: Case):
         if not case.has_film:
-            raise gr.Error("Upload a chest X-ray first, then ask for a report.")
+            raise refused("Upload a chest X-ray first, then ask for a report.")
         try:
             yield from limits.bounded(stream_structured_report(case, service.stream_answer, max_tokens))
         except (ValueError, ServiceUnavailable) as exc:

@@ -153,6 +153,8 @@ def test_no_file_name_or_dicom_identifier_reaches_any_log_or_metric(server, tmp_
     }
     films["window0.dcm"] = films["window0.dcm"].replace(b"4096", b"0   ")  # Window Width 0, as some exports have
     client = Client(server.url, verbose=False)
+    with pytest.raises(Exception, match="Upload a chest X-ray first"):
+        client.predict("Any pneumothorax?", api_name="/ask")  # a refusal of ours, logged as one line too
     loaded, refused = 0, []
     for label, content in films.items():
         path = tmp_path / f"{FAKE_IDENTIFYING_FILE_NAME}_SECRETDOB_{label}"
@@ -178,7 +180,7 @@ def test_no_file_name_or_dicom_identifier_reaches_any_log_or_metric(server, tmp_
     assert found == [], found
     log = server.log_text
     assert "Traceback" not in log
-    assert log.count("user error: ") >= 4  # each refusal: one line with its class
+    assert log.count("user error: ") >= 5  # each refusal: one line with its class
     assert "user error: ImageTooLargeError" in log and "user error: CorruptImageError" in log
 
 
