@@ -3,12 +3,16 @@ may stream. Each refusal says what the limit is and what to do. (The queue's siz
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
 Update = TypeVar("Update")
+# Gemma's chat and image markers. Its tokenizer turns them into control tokens even inside user text, so a question
+# could fake a model turn or add image slots (which fails as "2 image tokens but 1 image").
+CONTROL_MARKERS = re.compile(r"<(?:start_of_turn|end_of_turn|start_of_image|end_of_image|image_soft_token|bos|eos)>")
 
 
 class LimitExceeded(ValueError):
@@ -37,6 +41,16 @@ class RequestLimits:
             raise LimitExceeded(
                 f"The question is too long: at most {self.max_prompt_tokens} tokens (about as many characters) "
                 "are accepted. Shorten it and ask again."
+            )
+        self.check_markers(question)
+
+    @staticmethod
+    def check_markers(question: str) -> None:
+        found = CONTROL_MARKERS.search(question)
+        if found:
+            raise LimitExceeded(
+                f"The question contains {found.group(0)}, a control marker of the model's chat format; "
+                "remove it and ask again."
             )
 
     def bounded(self, updates: Iterator[Update]) -> Iterator[Update]:
