@@ -46,6 +46,8 @@ def build_ui(service, uploads=None):
     """uploads: the serving.upload_cache.UploadInbox that reads (and deletes) each upload once."""
     import gradio as gr
 
+    from inference_api.errors import RequestError
+    from inference_api.types import GenerationStats
     from serving.service import ServiceUnavailable
     from serving.upload_cache import NotAnUploadError, UploadGoneError, UploadInbox
 
@@ -78,6 +80,8 @@ def build_ui(service, uploads=None):
         )
 
     def load_film(file_path: str | None, case: Case):
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)  # a new film starts a new conversation
         if not file_path:
             raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         try:
@@ -108,12 +112,12 @@ def build_ui(service, uploads=None):
         if not question:
             raise refused("Type a question (or pick an example) before asking.")
         history = case.chat_messages() + [{"role": "user", "content": question}]
-        answer = ""
+        answer, stats = "", GenerationStats()
         try:
             limits.check_question(len(case.turns) // 2, question)
-            for answer in limits.bounded(service.stream_answer(case.ask(question, max_tokens))):
+            for answer in service.stream_answer(case.ask(question, max_tokens), stats):
                 yield history + [{"role": "assistant", "content": answer}], "", case
-        except (ValueError, ServiceUnavailable) as exc:
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
@@ -124,20 +128,25 @@ def build_ui(service, uploads=None):
         if not case.has_film:
             raise refused("Upload a chest X-ray first, then ask for a report.")
         try:
-            yield from limits.bounded(stream_structured_report(case, service.stream_answer, max_tokens))
-        except (ValueError, ServiceUnavailable) as exc:
+            yield from stream_structured_report(case, service.stream_answer, max_tokens)
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
 
-    def new_case():
+    def new_case(case: Case):
+        service.forget_conversation(case.conversation_id)
         return None, None, "", [], "", "", Case()
+
+    def session_ended(case: Case) -> None:
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)
 
     max_age = settings.cache_max_age_s  # previews and never-read uploads: deleted within 1.5x this
     with gr.Blocks(
         title="MedGemma X-Ray assistant", delete_cache=(max(1, max_age // 2), max_age), analytics_enabled=False
     ) as demo:
-        case_state = gr.State(Case())
+        case_state = gr.State(Case(), delete_callback=session_ended)
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         badge = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():
@@ -169,7 +178,7 @@ def build_ui(service, uploads=None):
         report_button.click(report, [case_state], [report_box], api_name="report", **generation)
         new_case_button.click(
             new_case,
-            None,
+            [case_state],
             [upload, preview, film_notes, chatbot, question, report_box, case_state],
             api_name="new_case",
         )
@@ -179,10 +188,15 @@ def build_ui(service, uploads=None):
     return demo
 
 
+def main(argv: list[str] | None = None, backend_factory=None) -> int:
+    """Run the server (serving.http_server) with this UI. backend_factory: the service's seam for tests."""
+    from serving.http_server import main as serve
+
+    return serve(argv, build_ui=build_ui, backend_factory=backend_factory)
+
+
 if __name__ == "__main__":
     import threading
 
-    from serving.http_server import main
-
     threading.current_thread().name = "main"
-    raise SystemExit(main(build_ui=build_ui))
+    raise SystemExit(main())

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from inference_api.contract import ChatTurn, GenerationRequest
+from inference_api.types import ChatTurn, GenerationRequest
 from xray_io import Radiograph
 
 EXAMPLE_QUESTIONS = (
@@ -31,6 +32,8 @@ class Case:
     film: Radiograph | None = None
     model_image: object = None  # PIL image handed to the processor (padded square, RGB)
     turns: tuple[ChatTurn, ...] = field(default=())
+    # One id per uploaded film: the backend keeps this conversation's KV cache between turns under it.
+    conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     @property
     def has_film(self) -> bool:
@@ -38,7 +41,10 @@ class Case:
 
     def ask(self, question: str, max_new_tokens: int) -> GenerationRequest:
         return GenerationRequest(
-            image=self.model_image, turns=(*self.turns, ChatTurn("user", question)), max_new_tokens=max_new_tokens
+            image=self.model_image,
+            turns=(*self.turns, ChatTurn("user", question)),
+            max_new_tokens=max_new_tokens,
+            conversation_id=self.conversation_id,
         )
 
     def answered(self, question: str, answer: str) -> Case:

@@ -99,7 +99,7 @@ def record_decoder_feeds(
     fp32_backend, images: list, decode_steps: int, progress=None
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Run the fp32 bundle over films x questions; return decoder feeds and vision inputs for calibration."""
-    from inference_api.contract import ChatTurn, GenerationRequest
+    from inference_api.types import ChatTurn, GenerationRequest
 
     feeds: list[dict] = []
     executor = fp32_backend.executor
@@ -109,8 +109,7 @@ def record_decoder_feeds(
         for index, image in enumerate(images):
             question = CALIBRATION_QUESTIONS[index % len(CALIBRATION_QUESTIONS)]
             request = GenerationRequest(image, (ChatTurn("user", question),), max_new_tokens=decode_steps)
-            for _ in fp32_backend.generate_tokens(request):
-                pass
+            fp32_backend.generate_steps(request)
             if progress:
                 progress()
     finally:

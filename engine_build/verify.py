@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from engine_build.calibration import CALIBRATION_QUESTIONS
-from inference_api.contract import ChatTurn, GenerationRequest
+from inference_api.types import ChatTurn, GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -39,46 +39,24 @@ def kl_divergence(reference_logits: np.ndarray, logits: np.ndarray) -> float:
     return float((np.exp(p_log) * (p_log - q_log)).sum())
 
 
-def reference_tokens(torch_backend, request: GenerationRequest) -> tuple[list[int], np.ndarray]:
-    """Greedy tokens and the first step's raw logits from transformers' generate()."""
-    import torch
-
-    inputs = torch_backend.model_inputs(request)
-    with torch.inference_mode():
-        output = torch_backend.model.generate(
-            **inputs, max_new_tokens=request.max_new_tokens, do_sample=False, output_logits=True,
-            return_dict_in_generate=True,
-        )  # fmt: skip
-    tokens = output.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    stops = set(np.atleast_1d(torch_backend.model.generation_config.eos_token_id).tolist())
-    while tokens and tokens[-1] in stops:
-        tokens.pop()
-    return tokens, output.logits[0][0].float().cpu().numpy()
-
-
-def compare(torch_backend, bundle_backend, images: list, tokens: int = 16) -> dict:
+def compare(reference, candidate, images: list, tokens: int = 16) -> dict:
+    """Both backends through the same contract, on the same requests (Polygraphy's Comparator shape)."""
     cosines, agreements, prefixes, kls = [], [], [], []
     for index, image in enumerate(images):
-        reference = torch_backend.image_features([image])
-        cosines.append(cosine(reference, bundle_backend.image_features([image])))
+        cosines.append(cosine(reference.image_features([image]), candidate.image_features([image])))
         question = CALIBRATION_QUESTIONS[(index + 1) % len(CALIBRATION_QUESTIONS)]
         request = GenerationRequest(image, (ChatTurn("user", question),), max_new_tokens=tokens)
-        expected, expected_logits = reference_tokens(torch_backend, request)
-        produced, first_logits = [], None
-        for token, logits in bundle_backend.generate_tokens(request):
-            produced.append(token)
-            if first_logits is None:
-                first_logits = logits
+        expected = [step.token_id for step in reference.generate_steps(request)]
+        produced = [step.token_id for step in candidate.generate_steps(request)]
         length = max(len(expected), len(produced), 1)
-        matches = sum(1 for a, b in zip(expected, produced, strict=False) if a == b)
-        agreements.append(matches / length)
-        prefix = next(
-            (i for i, (a, b) in enumerate(zip(expected, produced, strict=False)) if a != b),
-            min(len(expected), len(produced)),
+        agreements.append(sum(1 for a, b in zip(expected, produced, strict=False) if a == b) / length)
+        prefixes.append(
+            next(
+                (i for i, (a, b) in enumerate(zip(expected, produced, strict=False)) if a != b),
+                min(len(expected), len(produced)),
+            )
         )
-        prefixes.append(prefix)
-        if first_logits is not None:
-            kls.append(kl_divergence(expected_logits, first_logits))
+        kls.append(kl_divergence(reference.next_token_logits(request), candidate.next_token_logits(request)))
     return {
         "films": len(images),
         "tokens_compared": tokens,
@@ -87,8 +65,8 @@ def compare(torch_backend, bundle_backend, images: list, tokens: int = 16) -> di
         "token_agreement_mean": float(np.mean(agreements)),
         "token_agreement_min": min(agreements),
         "identical_prefix_min": int(min(prefixes)),
-        "first_token_kl_mean": float(np.mean(kls)) if kls else None,
-        "first_token_kl_max": float(max(kls)) if kls else None,
+        "first_token_kl_mean": float(np.mean(kls)),
+        "first_token_kl_max": float(max(kls)),
     }
 
 

@@ -1,4 +1,4 @@
-"""Command line over the control channel, for the operator scripts: status, switch, inject-fault.
+"""Command line over the control channel, for the operator scripts: status and switch.
 
 Exit status: 0 success; 1 the server refused or the switch failed (current mode kept); 3 not reachable.
 """
@@ -11,9 +11,15 @@ import sys
 import time
 from pathlib import Path
 
+from inference_api.types import Mode
 from serving.control import send_command
 
-MODE_LABELS = {"pytorch": "PyTorch", "trt": "TensorRT", None: "none"}
+
+def mode_label(mode: str | None) -> str:
+    try:
+        return Mode.parse(mode).label if mode else "none"
+    except ValueError:
+        return str(mode)
 
 
 def _duration(seconds: float) -> str:
@@ -34,7 +40,7 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Status: running (PID {pid if pid else '?'}, uptime {_duration(status['uptime_s'])})",
         f"URL: {status['url']}",
         f"Ready: {'yes' if status['ready'] else 'no (warming up)'}",
-        f"Inference Mode: {MODE_LABELS.get(status['mode'], status['mode'])}",
+        f"Inference Mode: {mode_label(status['mode'])}",
         f"TRT Engine: {status['trt_engine']}",
         f"Executor: {backend.get('executor', 'n/a')}",
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
@@ -45,8 +51,8 @@ def format_status(status: dict, pid: int | None) -> str:
     if switch:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))
         lines.append(
-            f"Last switch: {MODE_LABELS.get(switch['source'], switch['source'])} -> "
-            f"{MODE_LABELS.get(switch['target'], switch['target'])} at {when} ({switch['reason']}); "
+            f"Last switch: {mode_label(switch['source'])} -> "
+            f"{mode_label(switch['target'])} at {when} ({switch['reason']}); "
             f"interruption {_ms(switch['interruption_s'])}, load {switch['load_s']:.2f} s"
         )
     else:
@@ -60,7 +66,7 @@ def format_status(status: dict, pid: int | None) -> str:
     requests, latency = status["requests"], status["latency"]
     lines.append(
         f"Requests: {int(requests['requests'])}, errors: {int(requests['errors'])}, "
-        f"latency p50 {_ms(latency['p50_s'])}, p99 {_ms(latency['p99_s'])}, queue {status['queue_depth']}"
+        f"latency p50 {_ms(latency['p50_s'])}, p99 {_ms(latency['p99_s'])}, waiting {status['requests_waiting']}, running {status['requests_running']}"
     )
     gpus = status.get("gpus") or []
     if gpus:
@@ -82,16 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     status.add_argument("--json", action="store_true")
     status.add_argument("--pid", type=int)
     switch = commands.add_parser("switch")
-    switch.add_argument("mode", choices=["pytorch", "trt"])
-    fault = commands.add_parser("inject-fault")
-    fault.add_argument("count", type=int)
+    switch.add_argument("mode", choices=[mode.value for mode in Mode])
     args = parser.parse_args(argv)
 
     payload = {"command": args.command.replace("-", "_")}
     if args.command == "switch":
         payload["mode"] = args.mode
-    if args.command == "inject-fault":
-        payload["count"] = args.count
     try:
         reply = send_command(args.socket, payload)
     except (OSError, ValueError) as exc:
@@ -107,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     if not reply.get("ok"):
         print(f"error: {reply.get('error')}", file=sys.stderr)
         if reply.get("status"):
-            print(f"Inference Mode still: {MODE_LABELS.get(reply['status']['mode'])}", file=sys.stderr)
+            print(f"Inference Mode still: {mode_label(reply['status']['mode'])}", file=sys.stderr)
         return 1
     if args.command == "switch":
         record, status = reply["switch"], reply["status"]
-        print(f"Inference Mode: {MODE_LABELS.get(status['mode'])}")
+        print(f"Inference Mode: {mode_label(status['mode'])}")
         print(f"TRT Engine: {status['trt_engine']}")
         print(
             f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}"

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from serving.settings import Settings
+from serving.settings import Settings, SettingsError
 
 logger = logging.getLogger("app")
 
@@ -112,9 +112,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, *, build_ui) -> int:
-    """Start the server; build_ui(service, uploads) returns the Gradio Blocks. Exit status: 0 stopped cleanly,
-    1 start-up failed, 2 bad configuration."""
+def main(argv: list[str] | None = None, *, build_ui, backend_factory=None) -> int:
+    """Start the server; build_ui(service, uploads) returns the Gradio Blocks. backend_factory: the service's seam
+    for tests (default: serving.factory.create_backend). Exit status: 0 stopped cleanly, 1 start-up failed, 2 bad
+    configuration."""
     args = parse_args(argv)
     os.umask(0o077)  # everything the server writes (logs, cached previews, uploads, socket) is private to its user
     configure_logging(args.log_file)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None, *, build_ui) -> int:
 
         auth = authenticator(settings.auth_file) if settings.auth_file else None
         cache = PrivateCache.open(settings.upload_cache_path)  # before gradio is imported: sets GRADIO_TEMP_DIR
-    except ValueError as exc:
+    except (SettingsError, ValueError) as exc:  # ValueError: the upload cache or the login file
         logger.error("bad configuration: %s", exc)
         return 2
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None, *, build_ui) -> int:
 
     from serving.service import InferenceService
 
-    service = InferenceService(settings)
+    service = InferenceService(settings) if backend_factory is None else InferenceService(settings, backend_factory)
     control = None
     try:
         service.start()
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None, *, build_ui) -> int:
         app, host=settings.host, port=settings.port, log_level="warning", access_log=False,  # URLs name files
         timeout_graceful_shutdown=3,
     )  # fmt: skip
-    server = DrainingServer(config, service)
+    server = DrainingServer(config, service, settings.drain_timeout_s)
     logger.info(
         "serving on http://%s:%d (mode %s, login %s)", settings.host, settings.port, service.mode,
         "required" if auth else "off",

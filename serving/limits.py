@@ -1,21 +1,20 @@
-"""Per-request limits, as settings: questions per conversation, the size of one question, and how long an answer
-may stream. Each refusal says what the limit is and what to do. (The queue's size is Gradio's own max_size.)"""
+"""Per-request limits, as settings: questions per conversation and the size of one question. Each refusal says
+what the limit is and what to do. (The answer's time limit and the queues' sizes are the scheduler's and Gradio's:
+REQUEST_TIMEOUT_S, QUEUE_SIZE.)"""
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
-Update = TypeVar("Update")
+from inference_api.errors import RequestError
+
 # Gemma's chat and image markers. Its tokenizer turns them into control tokens even inside user text, so a question
 # could fake a model turn or add image slots (which fails as "2 image tokens but 1 image").
 CONTROL_MARKERS = re.compile(r"<(?:start_of_turn|end_of_turn|start_of_image|end_of_image|image_soft_token|bos|eos)>")
 
 
-class LimitExceeded(ValueError):
+class LimitExceeded(RequestError):
     """The request is over one of the server's limits; the message names the limit and the way out."""
 
 
@@ -23,11 +22,10 @@ class LimitExceeded(ValueError):
 class RequestLimits:
     max_turns: int
     max_prompt_tokens: int
-    request_timeout_s: float
 
     @classmethod
     def from_settings(cls, settings) -> RequestLimits:
-        return cls(settings.max_turns, settings.max_prompt_tokens, settings.request_timeout_s)
+        return cls(settings.max_turns, settings.max_prompt_tokens)
 
     def check_question(self, questions_so_far: int, question: str) -> None:
         if questions_so_far >= self.max_turns:
@@ -52,20 +50,3 @@ class RequestLimits:
                 f"The question contains {found.group(0)}, a control marker of the model's chat format; "
                 "remove it and ask again."
             )
-
-    def bounded(self, updates: Iterator[Update]) -> Iterator[Update]:
-        """Pass the updates through until the answer has streamed for request_timeout_s; then stop it (closing the
-        source stops the backend's generation) and say so."""
-        deadline = time.monotonic() + self.request_timeout_s
-        try:
-            for update in updates:
-                yield update
-                if time.monotonic() > deadline:
-                    raise LimitExceeded(
-                        f"The answer was stopped after {self.request_timeout_s:g} s, the server's time limit for one "
-                        "answer. Ask a narrower question, or try again when the server is less busy."
-                    )
-        finally:
-            close = getattr(updates, "close", None)
-            if close is not None:
-                close()

@@ -30,7 +30,12 @@ class ServiceMetrics:
         self.errors = Counter("medgemma_errors", "Failed requests or attempts", ["kind"], registry=self.registry)
         self.switches = Counter("medgemma_switches", "Backend switches", ["target"], registry=self.registry)
         self.breaker_trips = Counter("medgemma_breaker_trips", "Circuit-breaker trips", registry=self.registry)
-        self.queue_depth = Gauge("medgemma_queue_depth", "Requests waiting or running", registry=self.registry)
+        self.requests_waiting = Gauge(
+            "medgemma_requests_waiting", "Answers queued for a decode slot", registry=self.registry
+        )
+        self.requests_running = Gauge(
+            "medgemma_requests_running", "Answers being prefilled or decoded", registry=self.registry
+        )
         self.switch_interruption = Gauge(
             "medgemma_switch_interruption_seconds", "Longest wait caused by the last switch", registry=self.registry
         )
@@ -39,7 +44,13 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         _register_gpu_collector(self.registry)
 
+    def bind_queue(self, waiting, running) -> None:
+        """Read both queue gauges from the service at scrape time (callables returning counts)."""
+        self.requests_waiting.set_function(waiting)
+        self.requests_running.set_function(running)
+
     def observe_request(self, mode: str, seconds: float, first_token_s: float | None, tokens: int) -> None:
+        mode = str(mode)
         self.request_latency.labels(mode).observe(seconds)
         if first_token_s is not None:
             self.time_to_first_token.labels(mode).observe(first_token_s)

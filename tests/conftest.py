@@ -17,9 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 # Settings a developer's shell may carry that would point a test server at someone else's files or model.
 ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
-                      "KEEP_BOTH_BACKENDS", "FAULT_INJECTION", "MAX_NEW_TOKENS", "DEVICE", "GRADIO_TEMP_DIR",
-                      "UPLOAD_CACHE_DIR", "AUTH_FILE", "MAX_FILE_SIZE_MB", "MAX_PIXELS", "CACHE_MAX_AGE_S", "MAX_TURNS",
-                      "MAX_PROMPT_TOKENS", "REQUEST_TIMEOUT_S", "QUEUE_SIZE", "GENERATION_CONCURRENCY")  # fmt: skip
+                      "KEEP_BOTH_BACKENDS", "MAX_NEW_TOKENS", "DEVICE", "TORCH_PATH",
+                      "GENERATION_CONCURRENCY", "QUEUE_SIZE", "DRAIN_TIMEOUT_S", "REQUEST_TIMEOUT_S",
+                      "GRADIO_TEMP_DIR", "UPLOAD_CACHE_DIR", "AUTH_FILE", "MAX_FILE_SIZE_MB", "MAX_PIXELS",
+                      "CACHE_MAX_AGE_S", "MAX_TURNS", "MAX_PROMPT_TOKENS")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

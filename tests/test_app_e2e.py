@@ -91,7 +91,7 @@ def test_probes_and_metrics(demo_server):
         body = reply.read().decode()
     for series in (
         "medgemma_request_latency_seconds_bucket", "medgemma_time_to_first_token_seconds", "medgemma_generated_tokens_total",
-        "medgemma_errors_total", "medgemma_switches_total", "medgemma_breaker_trips_total", "medgemma_queue_depth",
+        "medgemma_errors_total", "medgemma_switches_total", "medgemma_breaker_trips_total", "medgemma_requests_waiting", "medgemma_requests_running",
         "medgemma_gpu_memory_used_bytes",
     ):  # fmt: skip
         assert series in body, series

@@ -16,13 +16,13 @@ BUSY_MESSAGE = "The server is busy: every place in the queue is taken. Please re
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 6
+TIMEOUT_S = 4  # the demo decodes about 290 tokens/s here: 2048 need 7 s
 
 
 @pytest.fixture(scope="module")
 def busy_server(tmp_path_factory, demo_model_dir):
     env = {"GENERATION_CONCURRENCY": "1", "QUEUE_SIZE": "1", "REQUEST_TIMEOUT_S": str(TIMEOUT_S),
-           "MAX_NEW_TOKENS": "1500"}  # fmt: skip  # 1500 demo tokens take far longer than the limit on CPU
+           "MAX_NEW_TOKENS": "2048"}  # fmt: skip
     server = start_server(tmp_path_factory.mktemp("busy"), env=env)
     yield server
     server.stop()
@@ -52,12 +52,12 @@ def test_full_queue_says_retry_in_a_minute_and_long_answers_stop_at_the_limit(bu
     assert refused.headers["retry-after"] == "60"
     assert answered_in < TIMEOUT_S, "the refusal came at once, while the first answer was still running"
 
-    with pytest.raises(Exception, match=f"stopped after {TIMEOUT_S} s"):
+    with pytest.raises(Exception, match=f"not finished {TIMEOUT_S} s after it started"):
         running.result(timeout=120)
     stopped_after = time.monotonic() - started
     assert TIMEOUT_S <= stopped_after < TIMEOUT_S + 15
     partial = running.outputs()[-1][0][-1]["content"]
     assert partial, "the part streamed before the limit was shown"
-    with pytest.raises(Exception, match=f"stopped after {TIMEOUT_S} s"):
+    with pytest.raises(Exception, match=f"not finished {TIMEOUT_S} s after it started"):
         waiting.result(timeout=120)  # then the queued one ran, under the same limit
     assert "Traceback" not in busy_server.log_text

@@ -14,6 +14,7 @@ from devtools.phantoms import chest_phantom, png_bytes, quantize
 from engine_bundle.manifest import ManifestError, check_gpu
 from inference_api.contract import ChatTurn, GenerationRequest
 from tests.conftest import REPO_ROOT
+from tests.reference import hf_generate, hf_inputs
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
@@ -36,9 +37,11 @@ def film():
 
 
 def torch_tokens(backend, request):
-    from engine_build.verify import reference_tokens
+    return hf_generate(backend, request)[0]
 
-    return reference_tokens(backend, request)[0]
+
+def token_ids(backend, request):
+    return [step.token_id for step in backend.generate_steps(request)]
 
 
 def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film):
@@ -46,7 +49,7 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
 
     bundle = TRTInference(int8_bundle)
     info = bundle.info()
-    assert (info.mode, info.executor, info.precision, info.device) == ("tensorrt", "onnxruntime-cpu", "int8", "cpu")
+    assert (info.mode, info.executor, info.precision, info.device) == ("trt", "onnxruntime-cpu", "int8", "cpu")
     first = GenerationRequest(film, (ChatTurn("user", "What are the main findings?"),), max_new_tokens=FIRST_N)
     answer = bundle.generate(first)
     second = GenerationRequest(
@@ -55,7 +58,7 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
         max_new_tokens=FIRST_N,
     )
     for request in (first, second):
-        produced = [token for token, _ in bundle.generate_tokens(request)]
+        produced = token_ids(bundle, request)
         expected = torch_tokens(torch_backend, request)
         agreement = np.mean([a == b for a, b in zip(expected, produced, strict=True)])
         assert len(produced) == FIRST_N
@@ -77,7 +80,7 @@ def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend
     )
     request = GenerationRequest(film, history, max_new_tokens=24)
     assert bundle.prompt_ids(request).shape[1] > 512 + 50
-    produced = [token for token, _ in bundle.generate_tokens(request)]
+    produced = token_ids(bundle, request)
     assert produced == torch_tokens(torch_backend, request)
     bundle.close()
 
@@ -89,7 +92,7 @@ def test_torch_free_preprocessing_matches_the_hf_processor(fp32_bundle, torch_ba
     request = GenerationRequest(
         film, (ChatTurn("user", "Any effusion?"), ChatTurn("assistant", "No."), ChatTurn("user", "Sure?"))
     )
-    expected = torch_backend.model_inputs(request)
+    expected = hf_inputs(torch_backend, request)
     assert np.array_equal(bundle.prompt_ids(request), expected["input_ids"].numpy())
     pixels = bundle.preprocess([film])
     assert np.abs(pixels - expected["pixel_values"].numpy()).max() < 1e-6
