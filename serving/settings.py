@@ -59,6 +59,14 @@ class Settings:
     drain_timeout_s: float = 120.0  # on SIGTERM, how long running answers may take to finish
     # --- this start ---
     instance_id: str = ""  # set per start by start_gradio.sh; /readyz returns it so the script knows who answered
+    # --- security and input limits (issue 7): uploads, login, conversation bounds ---
+    upload_cache_dir: Path | None = None  # this server's private Gradio cache; default <log_dir>/upload-cache
+    max_file_size_mb: int = 64  # larger uploads are refused by Gradio's upload route (HTTP 413)
+    max_pixels: int = 40_000_000  # rows x columns (x frames), checked from the header before decoding
+    cache_max_age_s: int = 600  # previews and unread uploads older than this are deleted (Gradio's delete_cache)
+    auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
+    max_turns: int = 20  # questions in one conversation; then the user starts a new case
+    max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -101,6 +109,11 @@ class Settings:
             _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
         if len(self.instance_id) > 64 or not all(c.isalnum() or c == "-" for c in self.instance_id):
             raise SettingsError("INSTANCE_ID must be at most 64 letters, digits or '-'")
+        _in_range("MAX_FILE_SIZE_MB", self.max_file_size_mb, 1, 4096)
+        _in_range("MAX_PIXELS", self.max_pixels, 1_000_000, 1_000_000_000)
+        _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
+        _in_range("MAX_TURNS", self.max_turns, 1, 1000)
+        _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
         return self
 
     @property
@@ -114,6 +127,14 @@ class Settings:
     @property
     def control_socket_path(self) -> Path:
         return Path(self.control_socket) if self.control_socket else Path(self.log_dir) / "control.sock"
+
+    @property
+    def upload_cache_path(self) -> Path:
+        return Path(self.upload_cache_dir) if self.upload_cache_dir else Path(self.log_dir) / "upload-cache"
+
+    @property
+    def max_file_size_bytes(self) -> int:
+        return self.max_file_size_mb << 20
 
     @property
     def kv_slots(self) -> int:

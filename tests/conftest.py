@@ -19,7 +19,8 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
                       "KEEP_BOTH_BACKENDS", "MAX_NEW_TOKENS", "DEVICE", "TORCH_PATH",
                       "GENERATION_CONCURRENCY", "QUEUE_SIZE", "DRAIN_TIMEOUT_S", "REQUEST_TIMEOUT_S",
-                      "INSTANCE_ID", "NOTIFY_SOCKET")  # fmt: skip
+                      "INSTANCE_ID", "NOTIFY_SOCKET", "GRADIO_TEMP_DIR", "UPLOAD_CACHE_DIR", "AUTH_FILE",
+                      "MAX_FILE_SIZE_MB", "MAX_PIXELS", "CACHE_MAX_AGE_S", "MAX_TURNS", "MAX_PROMPT_TOKENS")  # fmt: skip
 
 
 @pytest.fixture(scope="session")

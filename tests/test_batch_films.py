@@ -328,3 +328,52 @@ def test_trt_mode_gives_the_same_features_as_pytorch(tmp_path, request):
         trt_row = features["trt"][name]
         cosine = float(np.dot(torch_row.ravel(), trt_row.ravel()) / np.linalg.norm(torch_row) / np.linalg.norm(trt_row))
         assert cosine > 0.995, (name, cosine)
+
+
+def test_hostile_files_neither_stop_the_batch_nor_leak_identifiers(tmp_path, demo_model_dir):
+    """One bad file never stops the run; identifiers in names and tags never reach the console, and in the results
+    only the operator's own relative path names a film."""
+    import io
+
+    import pydicom
+
+    from devtools.hostile_files import FAKE_IDENTIFIERS, FAKE_IDENTIFYING_FILE_NAME, dicom_rle_bomb, png_bomb
+
+    def identified(**changes) -> bytes:
+        data = dicom_bytes(quantize(chest_phantom(seed=6), 12), bits_stored=12, window=(2048, 4096))
+        dataset = pydicom.dcmread(io.BytesIO(data))
+        for keyword, value in {**FAKE_IDENTIFIERS, **changes}.items():
+            setattr(dataset, keyword, value)
+        buffer = io.BytesIO()
+        dataset.save_as(buffer, enforce_file_format=True)
+        return buffer.getvalue()
+
+    films, out = tmp_path / "films", tmp_path / "out"
+    films.mkdir()
+    files = {
+        "good.dcm": identified(), "window-width-0.dcm": identified(WindowWidth="0"),
+        "bits-contradict.dcm": identified(BitsAllocated=8), "ct.dcm": identified(Modality="CT"),
+        "bomb.png": png_bomb(13000, 13000), "bomb-rle.dcm": dicom_rle_bomb(20000, 20000),
+        "headerless.dcm": identified()[132:],
+    }  # fmt: skip
+    for name, content in files.items():
+        (films / f"{FAKE_IDENTIFYING_FILE_NAME}_{name}").write_bytes(content)
+    result = subprocess.run(
+        [sys.executable, "batch_films.py", "--task", "report", "--input", str(films), "--output", str(out),
+         "--max_new_tokens", "4", "--no_progress"],
+        cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    markers = ["ZZTESTPATIENT", "SECRETNAME", "PID-7731", *FAKE_IDENTIFIERS.values()]
+    console = result.stdout + result.stderr
+    assert [line for line in console.splitlines() if any(marker in line for marker in markers)] == []
+    assert "Traceback" not in console
+    records = [json.loads(line) for line in journal_lines(out / "results.jsonl")]
+    assert len(records) == 7
+    for record in records:  # the "file" field is the operator's own relative path; nothing else names the film
+        text = json.dumps({key: value for key, value in record.items() if key != "file"})
+        assert [marker for marker in markers if marker in text] == [], record
+    errors = {r["file"].split("_")[-1]: r["error"] for r in records if r["status"] == "error"}
+    assert set(errors) == {"bits-contradict.dcm", "ct.dcm", "bomb.png", "bomb-rle.dcm"}
+    assert "the limit is 40 Mpx" in errors["bomb.png"]["message"]
+    assert "the limit is 40 Mpx" in errors["bomb-rle.dcm"]["message"]
