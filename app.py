@@ -11,7 +11,7 @@ import logging
 import traceback
 import uuid
 
-from assistant.case import EXAMPLE_QUESTIONS, Case, stream_structured_report
+from assistant.case import EXAMPLE_QUESTIONS, Case
 from serving.limits import RequestLimits
 from xray_io import ImageInputError, load_radiograph
 
@@ -46,6 +46,9 @@ def build_ui(service, uploads=None):
     """uploads: the serving.upload_cache.UploadInbox that reads (and deletes) each upload once."""
     import gradio as gr
 
+    from assistant.answer_details import answer_details_markdown
+    from assistant.report import parse_report, report_request
+    from assistant.report_export import remove_report_files, report_markdown, write_report_files
     from inference_api.errors import RequestError
     from inference_api.types import GenerationStats
     from serving.service import ServiceUnavailable
@@ -121,22 +124,40 @@ def build_ui(service, uploads=None):
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
-        updated = case.answered(question, answer)
+        updated = case.answered(question, answer, answer_details_markdown(stats))
         yield updated.chat_messages(), "", updated
 
-    def report(case: Case):
+    def report(case: Case, exports):
+        """Stream the model's report text, then show it parsed into the schema with confidence, and offer both
+        exports. Yields (report box, JSON download, Markdown download, export state)."""
         if not case.has_film:
             raise refused("Upload a chest X-ray first, then ask for a report.")
+        remove_report_files(exports)
+        hidden = gr.update(value=None, visible=False)
+        text, stats = "", GenerationStats()
         try:
-            yield from stream_structured_report(case, service.stream_answer, max_tokens)
+            for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
+                yield text, hidden, hidden, None
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
+        parsed = parse_report(text, stats)
+        metadata = {"model": service.info().model_id if service.info() else None, "source": case.film.source,
+                    "answer": answer_details_markdown(stats, explain=False)}  # fmt: skip
+        files = write_report_files(parsed, base_dir=uploads.folder, metadata=metadata)
+        yield (
+            report_markdown(parsed, metadata),
+            gr.update(value=str(files.json_path), visible=True),
+            gr.update(value=str(files.markdown_path), visible=True),
+            files,
+        )
 
-    def new_case(case: Case):
+    def new_case(case: Case, exports):
         service.forget_conversation(case.conversation_id)
-        return None, None, "", [], "", "", Case()
+        remove_report_files(exports)
+        hidden = gr.update(value=None, visible=False)
+        return None, None, "", [], "", "", Case(), hidden, hidden, None
 
     def session_ended(case: Case) -> None:
         if isinstance(case, Case):
@@ -147,6 +168,7 @@ def build_ui(service, uploads=None):
         title="MedGemma X-Ray assistant", delete_cache=(max(1, max_age // 2), max_age), analytics_enabled=False
     ) as demo:
         case_state = gr.State(Case(), delete_callback=session_ended)
+        exports_state = gr.State(None, delete_callback=remove_report_files)  # the last report's export files
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         badge = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():
@@ -166,6 +188,9 @@ def build_ui(service, uploads=None):
                     examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[question], label="Teaching-round questions"
                 )
                 report_box = gr.Markdown(elem_id="report-box")
+                with gr.Row():
+                    report_json = gr.DownloadButton("Download report (JSON)", visible=False, elem_id="report-json")
+                    report_md = gr.DownloadButton("Download report (Markdown)", visible=False, elem_id="report-md")
 
         upload.upload(
             load_film, [upload, case_state], [preview, film_notes, chatbot, report_box, case_state],
@@ -175,13 +200,17 @@ def build_ui(service, uploads=None):
         ask_event = dict(fn=ask, inputs=[question, case_state], outputs=[chatbot, question, case_state])
         ask_button.click(**ask_event, api_name="ask", **generation)
         question.submit(**ask_event, api_name=False, **generation)
-        report_button.click(report, [case_state], [report_box], api_name="report", **generation)
+        report_button.click(
+            report, [case_state, exports_state], [report_box, report_json, report_md, exports_state],
+            api_name="report", **generation,
+        )  # fmt: skip
         new_case_button.click(
             new_case,
-            [case_state],
-            [upload, preview, film_notes, chatbot, question, report_box, case_state],
+            [case_state, exports_state],
+            [upload, preview, film_notes, chatbot, question, report_box, case_state, report_json, report_md,
+             exports_state],
             api_name="new_case",
-        )
+        )  # fmt: skip
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
         gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
     demo.queue(max_size=service.settings.queue_size, default_concurrency_limit=4)
