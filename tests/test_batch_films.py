@@ -43,7 +43,7 @@ def film(seed: int, bits: int = 12) -> np.ndarray:
 
 
 def write_twenty_films(folder: Path) -> dict[str, str]:
-    """17 readable films (8 DICOM transfer syntaxes, MONOCHROME1, AP, PNG 8/16-bit, JPEG) and 3 that fail.
+    """17 readable films (9 DICOM transfer syntaxes, MONOCHROME1, AP, PNG 8/16-bit, JPEG) and 3 that fail.
     Returns {relative path: expected error class} for the three."""
     seed = iter(range(100))
     for name, syntax in {**UNCOMPRESSED_SYNTAXES, **COMPRESSED_SYNTAXES}.items():
@@ -60,7 +60,7 @@ def write_twenty_films(folder: Path) -> dict[str, str]:
     (folder / f"{SECRET_NAME}_{SECRET_ID}.dcm").write_bytes(
         dicom_bytes(film(next(seed)), bits_stored=12, patient_name=SECRET_PATIENT, patient_id=SECRET_ID)
     )
-    for index in range(4):
+    for index in range(3):
         (folder / "png" / f"film{index}.png").parent.mkdir(exist_ok=True)
         (folder / "png" / f"film{index}.png").write_bytes(png_bytes(film(next(seed), 8)))
     (folder / "png" / "sixteen.png").write_bytes(png_bytes(film(next(seed), 16)))
@@ -77,7 +77,7 @@ def write_twenty_films(folder: Path) -> dict[str, str]:
     return {
         "broken/truncated.dcm": "CorruptImageError",
         "broken/head_ct.dcm": "UnsupportedImageError",
-        "broken/huge.dcm": "UnsupportedImageError",
+        "broken/huge.dcm": "ImageTooLargeError",  # refused from its size, before reading
     }
 
 
@@ -129,7 +129,8 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
     assert "<" in resumed.stderr
     complete = sum(1 for n in Counter(json.loads(line)["film_id"] for line in before).values() if n == 3)
     assert f"films: 20 found, {complete} already done, {20 - complete} processed now" in resumed.stdout
-    assert "failed films in this folder: 3; by reason: UnsupportedImageError 2, CorruptImageError 1" in resumed.stdout
+    reasons = "UnsupportedImageError 1, ImageTooLargeError 1, CorruptImageError 1"
+    assert f"failed films in this folder: 3; by reason: {reasons}" in resumed.stdout
     assert "films/s" in resumed.stdout and "tokens/s" in resumed.stdout
 
     # 3. The journal: every film once per task, the killed run's records kept as they were, no torn line.
@@ -148,7 +149,7 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
         for record in by_file[relative].values():
             assert record["status"] == "error" and record["error"]["class"] == error_class
     assert "modality is CT" in by_file["broken/head_ct.dcm"]["report"]["error"]["message"]
-    assert "larger than 256 MiB" in by_file["broken/huge.dcm"]["qa"]["error"]["message"]
+    assert "larger than the 256 MiB limit" in by_file["broken/huge.dcm"]["qa"]["error"]["message"]
     assert "could not be decoded" in by_file["broken/truncated.dcm"]["features"]["error"]["message"]
     good = [relative for relative in relatives if relative not in failing]
     assert by_file["ward/icu/portable"]["report"]["film"]["view_position"] == "AP"

@@ -87,14 +87,15 @@ def _read(source: bytes | str | os.PathLike, max_bytes: int) -> bytes:
         size = path.stat().st_size
         if size > max_bytes:
             raise ImageTooLargeError(
-                f"The file is {size >> 20} MiB; the limit is {max_bytes >> 20} MiB. Export a single film."
+                f"The file is larger than the {max_bytes / 2**20:g} MiB limit ({size / 2**20:.1f} MiB). Export a single film."
             )
         data = path.read_bytes()
     else:
         data = bytes(source)
         if len(data) > max_bytes:
             raise ImageTooLargeError(
-                f"The file is {len(data) >> 20} MiB; the limit is {max_bytes >> 20} MiB. Export a single film."
+                f"The file is larger than the {max_bytes / 2**20:g} MiB limit ({len(data) / 2**20:.1f} MiB). "
+                "Export a single film."
             )
     if not data:
         raise UnsupportedImageError("The file is empty. Upload the chest X-ray again.")

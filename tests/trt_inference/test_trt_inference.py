@@ -116,8 +116,8 @@ except ImportError:
     pass
 from PIL import Image
 from inference_api.contract import ChatTurn, GenerationRequest
-from trt_inference.trt_model import TRTInference
-backend = TRTInference({str(int8_bundle)!r})
+from trt_inference import TRTInference  # the seeds' own integration: lazy, torch-free
+backend = TRTInference(engine_path={str(int8_bundle / "engines" / "decoder.plan")!r}, input_shape=(1, 3, 896, 896))
 request = GenerationRequest(Image.open({str(image_path)!r}).convert("RGB"), (ChatTurn("user", "Findings?"),), max_new_tokens=8)
 text = "".join(backend.stream_generate(request))
 print("EXECUTOR", backend.info().executor)
@@ -192,3 +192,12 @@ def test_a_follow_up_keeps_the_decoder_slot_and_prefills_only_its_new_tokens(int
         assert kept.token_ids == fresh.token_ids
     finally:
         bundle.close()
+
+
+def test_input_shape_other_than_the_bundles_is_refused_naming_its_shape(int8_bundle):
+    from trt_inference import TRTInference
+
+    with pytest.raises(ManifestError, match=r"takes pixel values of shape \(1\.\.2, 3, 896, 896\)"):
+        TRTInference(engine_path=int8_bundle, input_shape=(1, 3, 512, 512))
+    with pytest.raises(ManifestError, match="--max_batch"):
+        TRTInference(engine_path=int8_bundle, input_shape=(4, 3, 896, 896))  # the bundle's max_batch is 2
