@@ -143,8 +143,11 @@ def build_ui(service, uploads=None):
         except Exception as exc:
             raise internal_error(exc) from exc
         parsed = parse_report(text, stats)
-        metadata = {"model": service.info().model_id if service.info() else None, "source": case.film.source,
-                    "answer": answer_details_markdown(stats, explain=False)}  # fmt: skip
+        metadata = {
+            "model": service.info().model_id if service.info() else None,
+            "source": case.film.source,
+            "answer": answer_details_markdown(stats, explain=False),
+        }
         files = write_report_files(parsed, base_dir=uploads.folder, metadata=metadata)
         yield (
             report_markdown(parsed, metadata),
@@ -174,8 +177,14 @@ def build_ui(service, uploads=None):
         with gr.Row():
             with gr.Column(scale=2):
                 upload = gr.File(label="Chest X-ray (PA): DICOM, PNG or JPEG", type="filepath", elem_id="film-upload")
-                preview = gr.Image(label="What the model sees (padded to square, 896 px)", interactive=False,
-                                   type="pil", format="png", height=360, elem_id="film-preview")  # fmt: skip
+                preview = gr.Image(
+                    label="What the model sees (padded to square, 896 px)",
+                    interactive=False,
+                    type="pil",
+                    format="png",
+                    height=360,
+                    elem_id="film-preview",
+                )
                 film_notes = gr.Markdown(elem_id="film-notes")
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Conversation", height=420, elem_id="chat")
@@ -193,24 +202,39 @@ def build_ui(service, uploads=None):
                     report_md = gr.DownloadButton("Download report (Markdown)", visible=False, elem_id="report-md")
 
         upload.upload(
-            load_film, [upload, case_state], [preview, film_notes, chatbot, report_box, case_state],
+            load_film,
+            [upload, case_state],
+            [preview, film_notes, chatbot, report_box, case_state],
             api_name="upload_film",
-        )  # fmt: skip
+        )
         generation = dict(concurrency_limit=service.settings.generation_concurrency, concurrency_id="generation")
         ask_event = dict(fn=ask, inputs=[question, case_state], outputs=[chatbot, question, case_state])
         ask_button.click(**ask_event, api_name="ask", **generation)
         question.submit(**ask_event, api_name=False, **generation)
         report_button.click(
-            report, [case_state, exports_state], [report_box, report_json, report_md, exports_state],
-            api_name="report", **generation,
-        )  # fmt: skip
+            report,
+            [case_state, exports_state],
+            [report_box, report_json, report_md, exports_state],
+            api_name="report",
+            **generation,
+        )
         new_case_button.click(
             new_case,
             [case_state, exports_state],
-            [upload, preview, film_notes, chatbot, question, report_box, case_state, report_json, report_md,
-             exports_state],
+            [
+                upload,
+                preview,
+                film_notes,
+                chatbot,
+                question,
+                report_box,
+                case_state,
+                report_json,
+                report_md,
+                exports_state,
+            ],
             api_name="new_case",
-        )  # fmt: skip
+        )
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
         gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
     demo.queue(max_size=service.settings.queue_size, default_concurrency_limit=4)

@@ -49,11 +49,17 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--max_new_tokens", type=int, default=300)
     parser.add_argument("--batch_size", type=int, default=8, help="films in flight at once (one vision batch)")
-    parser.add_argument("--file_names", choices=["record", "omit"],
-                        help="put each film's path in the records (default: record; omit for dicom-to-png)")  # fmt: skip
+    parser.add_argument(
+        "--file_names",
+        choices=["record", "omit"],
+        help="put each film's path in the records (default: record; omit for dicom-to-png)",
+    )
     parser.add_argument("--retry_failed", action="store_true", help="redo the films recorded as failed")
-    parser.add_argument("--one_by_one", action="store_true",
-                        help="generate one answer at a time instead of through the batching scheduler")  # fmt: skip
+    parser.add_argument(
+        "--one_by_one",
+        action="store_true",
+        help="generate one answer at a time instead of through the batching scheduler",
+    )
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
     parser.add_argument("--verbose", action="store_true")
     return parser.parse_args(argv)
@@ -61,8 +67,11 @@ def parse_args(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     from assistant.batch.films import DamagedOutputError
     from assistant.batch.journal import FolderBusyError
     from assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
@@ -83,9 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     except (BatchUsageError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    plan = BatchPlan(input_dir=args.input, output_dir=args.output, tasks=tasks, questions=questions,
-                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                     record_names=file_names == "record", retry_failed=args.retry_failed)  # fmt: skip
+    plan = BatchPlan(
+        input_dir=args.input,
+        output_dir=args.output,
+        tasks=tasks,
+        questions=questions,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        record_names=file_names == "record",
+        retry_failed=args.retry_failed,
+    )
 
     backend = None
     if args.task != "dicom-to-png":

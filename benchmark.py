@@ -102,9 +102,13 @@ def backend_factory(mode: str, models: Models, settings, device: str):
         if mode == "pytorch-fast":
             from pytorch_backend.fast import FastTorchInference
 
-            return FastTorchInference(models.name, slots=settings.kv_slots, max_sequence=settings.max_sequence,
-                                      max_resident_conversations=settings.max_resident_conversations,
-                                      preloaded=preloaded)  # fmt: skip
+            return FastTorchInference(
+                models.name,
+                slots=settings.kv_slots,
+                max_sequence=settings.max_sequence,
+                max_resident_conversations=settings.max_resident_conversations,
+                preloaded=preloaded,
+            )
         from pytorch_backend.eager import TorchInference
 
         return TorchInference(models.name, preloaded=preloaded, max_resident_conversations=4)
@@ -122,10 +126,16 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     if eager:
         levels = [level for level in levels if level <= args.eager_max_users]
     settings = Settings(
-        device=device, engine_path=args.engine_path, generation_concurrency=max([*levels, args.report_users, 1]),
-        queue_size=10_000, max_resident_conversations=4, max_sequence=args.max_sequence, request_timeout_s=7200,
-        breaker_timeout_s=7200, max_new_tokens=max(args.answer_tokens, args.report_tokens),
-    )  # fmt: skip
+        device=device,
+        engine_path=args.engine_path,
+        generation_concurrency=max([*levels, args.report_users, 1]),
+        queue_size=10_000,
+        max_resident_conversations=4,
+        max_sequence=args.max_sequence,
+        request_timeout_s=7200,
+        breaker_timeout_s=7200,
+        max_new_tokens=max(args.answer_tokens, args.report_tokens),
+    )
     _reset_peak_memory()
     started = time.perf_counter()
     service = InferenceService(settings, backend_factory(mode, models, settings, device))
@@ -167,8 +177,13 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
 def machine(device: str) -> dict:
     import torch
 
-    record = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-              "torch": torch.__version__, "device": "cpu"}  # fmt: skip
+    record = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "device": "cpu",
+    }
     if device.startswith("cuda"):
         record["device"] = torch.cuda.get_device_name()
         record["cuda"] = torch.version.cuda
@@ -183,8 +198,19 @@ def restart_probe(args) -> list[dict]:
     cache = args.output / "inductor-cache"
     runs = []
     for attempt in ("cold", "with compile cache"):
-        command = [sys.executable, __file__, "--startup-only", "--output", str(args.output), "--device", args.device,
-                   "--max-sequence", str(args.max_sequence), "--concurrency", args.concurrency]  # fmt: skip
+        command = [
+            sys.executable,
+            __file__,
+            "--startup-only",
+            "--output",
+            str(args.output),
+            "--device",
+            args.device,
+            "--max-sequence",
+            str(args.max_sequence),
+            "--concurrency",
+            args.concurrency,
+        ]
         if args.random_weights:
             command += ["--random-weights", args.random_weights]
         if args.model_path:
@@ -193,8 +219,13 @@ def restart_probe(args) -> list[dict]:
         started = time.perf_counter()
         result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=1800)
         line = next((x for x in result.stdout.splitlines() if x.startswith("STARTUP ")), None)
-        runs.append({"run": attempt, "process_s": time.perf_counter() - started,
-                     **(json.loads(line[8:]) if line else {"error": result.stderr[-500:]})})  # fmt: skip
+        runs.append(
+            {
+                "run": attempt,
+                "process_s": time.perf_counter() - started,
+                **(json.loads(line[8:]) if line else {"error": result.stderr[-500:]}),
+            }
+        )
     return runs
 
 
@@ -208,8 +239,11 @@ def startup_only(args, device: str) -> None:
     started = time.perf_counter()
     service = InferenceService(settings, backend_factory("pytorch-fast", models, settings, device))
     service.start()
-    startup = {**service.info().details.get("startup", {}), "service_start_s": time.perf_counter() - started,
-               "weights_s": models.load_s}  # fmt: skip
+    startup = {
+        **service.info().details.get("startup", {}),
+        "service_start_s": time.perf_counter() - started,
+        "weights_s": models.load_s,
+    }
     service.close()
     print("STARTUP " + json.dumps(startup))
 

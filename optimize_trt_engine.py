@@ -29,8 +29,12 @@ def parse_args(argv):
     )
     parser.add_argument("--precision", choices=["int8", "fp8", "fp16", "bf16", "fp32"], default="int8")
     parser.add_argument("--output_path", type=Path, help="bundle folder to write")
-    parser.add_argument("--target", choices=["auto", "tensorrt", "tensorrt-rtx", "none"], default="auto",
-                        help="engine builder; auto = tensorrt if installed, else an ONNX-only bundle")  # fmt: skip
+    parser.add_argument(
+        "--target",
+        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
+        default="auto",
+        help="engine builder; auto = tensorrt if installed, else an ONNX-only bundle",
+    )
     parser.add_argument("--max_seq_len", type=int, default=2048, help="longest conversation + answer, in tokens")
     parser.add_argument("--max_batch", type=int, default=8, help="largest vision batch (batch feature extraction)")
     parser.add_argument("--workspace_gib", type=float, default=8.0)
@@ -39,14 +43,21 @@ def parse_args(argv):
     parser.add_argument("--min_cosine", type=float, default=0.99)
     parser.add_argument("--min_token_agreement", type=float, default=0.9)
     parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
-    parser.add_argument("--max_logprob_delta", type=float, default=0.1,
-                        help="largest log-probability difference (nats) on tokens both agree on")  # fmt: skip
+    parser.add_argument(
+        "--max_logprob_delta",
+        type=float,
+        default=0.1,
+        help="largest log-probability difference (nats) on tokens both agree on",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
     parser.add_argument("--keep_fp32_onnx", action="store_true")
     parser.add_argument("--from_onnx", type=Path, help="finish an ONNX-only bundle: build its engines with --target")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_path (atomically)")
-    parser.add_argument("--allow_few_films", action="store_true",
-                        help="build with fewer than 50 real films (tests, demos); the manifest records it")  # fmt: skip
+    parser.add_argument(
+        "--allow_few_films",
+        action="store_true",
+        help="build with fewer than 50 real films (tests, demos); the manifest records it",
+    )
     parser.add_argument(
         "--compute_capabilities", help="TensorRT-RTX targets, e.g. SM89,SM120 (default: all; fp8: SM89+)"
     )
@@ -69,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.target in ("auto", "none"):
                 logger.error("--from_onnx needs --target tensorrt or --target tensorrt-rtx")
                 return 2
-            manifest = finish_from_onnx(args.from_onnx, args.target, args.workspace_gib, args.compute_capabilities,
-                                        command=command_line())  # fmt: skip
+            manifest = finish_from_onnx(
+                args.from_onnx, args.target, args.workspace_gib, args.compute_capabilities, command=command_line()
+            )
             print(f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}")
             return 0
         if args.output_path is None:
@@ -84,16 +96,29 @@ def main(argv: list[str] | None = None) -> int:
             model_path = ensure_demo_checkpoint(DEMO_MODEL_DIR)
             logger.warning("no --model_path: building from the demo checkpoint (random weights)")
         options = BuildOptions(
-            model_path=model_path, calib_images=args.calib_images, output_path=args.output_path,
-            precision=args.precision, target=args.target, max_seq_len=args.max_seq_len, max_batch=args.max_batch,
-            workspace_gib=args.workspace_gib, calibration_method=args.calibration_method,
-            verify_tokens=args.verify_tokens, device=args.device, keep_fp32_onnx=args.keep_fp32_onnx,
-            overwrite=args.overwrite, allow_few_films=args.allow_few_films,
+            model_path=model_path,
+            calib_images=args.calib_images,
+            output_path=args.output_path,
+            precision=args.precision,
+            target=args.target,
+            max_seq_len=args.max_seq_len,
+            max_batch=args.max_batch,
+            workspace_gib=args.workspace_gib,
+            calibration_method=args.calibration_method,
+            verify_tokens=args.verify_tokens,
+            device=args.device,
+            keep_fp32_onnx=args.keep_fp32_onnx,
+            overwrite=args.overwrite,
+            allow_few_films=args.allow_few_films,
             compute_capabilities=args.compute_capabilities,
-            thresholds={"min_cosine": args.min_cosine, "min_token_agreement": args.min_token_agreement,
-                        "max_logprob_delta": args.max_logprob_delta, "max_kl": args.max_kl},
+            thresholds={
+                "min_cosine": args.min_cosine,
+                "min_token_agreement": args.min_token_agreement,
+                "max_logprob_delta": args.max_logprob_delta,
+                "max_kl": args.max_kl,
+            },
             command=command_line(),
-        )  # fmt: skip
+        )
         manifest = build_bundle(options)
     except refusals as exc:  # nothing was written: say what to change
         logger.error("refused before any work: %s", exc)

@@ -26,16 +26,30 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
     "lungs": ("lungs", "lung", "lung fields", "lung parenchyma", "parenchyma"),
     "pleura": ("pleura", "pleural space", "pleural spaces", "pleural"),
     "heart_mediastinum": (
-        "heart and mediastinum", "heart & mediastinum", "heart/mediastinum", "heart, mediastinum",
-        "cardiomediastinal silhouette", "cardiomediastinal", "cardiac silhouette", "mediastinum", "heart",
+        "heart and mediastinum",
+        "heart & mediastinum",
+        "heart/mediastinum",
+        "heart, mediastinum",
+        "cardiomediastinal silhouette",
+        "cardiomediastinal",
+        "cardiac silhouette",
+        "mediastinum",
+        "heart",
     ),
     "bones": ("bones", "bone", "bony structures", "osseous structures", "skeleton"),
     "lines_devices": (
-        "lines and devices", "lines, tubes and devices", "lines, tubes, and devices", "lines/tubes/devices",
-        "tubes and lines", "lines and tubes", "support devices", "devices", "lines",
+        "lines and devices",
+        "lines, tubes and devices",
+        "lines, tubes, and devices",
+        "lines/tubes/devices",
+        "tubes and lines",
+        "lines and tubes",
+        "support devices",
+        "devices",
+        "lines",
     ),
     "impression": ("impression", "conclusion", "summary"),
-}  # fmt: skip
+}
 assert set(FIELD_ALIASES) == {f.key for f in REPORT_FIELDS}, "every schema field needs its aliases"
 
 _LABELS = sorted(

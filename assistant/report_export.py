@@ -91,8 +91,16 @@ def report_markdown(report: StructuredReport, metadata: dict | None = None) -> s
         labels = ", ".join(by_key[key].label for key in report.unfilled)
         lines += [f"Fields the model's text did not fill: {labels}.", ""]
     fence = _fence(report.raw_text)
-    lines += ["<details><summary>The model's text as written</summary>", "", f"{fence}text", report.raw_text.rstrip("\n"),
-              fence, "", "</details>", ""]  # fmt: skip
+    lines += [
+        "<details><summary>The model's text as written</summary>",
+        "",
+        f"{fence}text",
+        report.raw_text.rstrip("\n"),
+        fence,
+        "",
+        "</details>",
+        "",
+    ]
     return "\n".join(lines)
 
 

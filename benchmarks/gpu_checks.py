@@ -51,8 +51,13 @@ def hf_reference(backend, request):
 
     inputs = hf_inputs(backend, request).to(backend.device, dtype=backend.dtype)
     with torch.inference_mode():
-        output = backend.model.generate(**inputs, max_new_tokens=request.max_new_tokens, do_sample=False,
-                                        output_logits=True, return_dict_in_generate=True)  # fmt: skip
+        output = backend.model.generate(
+            **inputs,
+            max_new_tokens=request.max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     tokens = output.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     margins = []
     for step in output.logits:
@@ -144,8 +149,13 @@ def profile_step(step, decoder) -> list:
         torch.cuda.synchronize()
     rows = []
     for event in sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)[:12]:
-        rows.append({"kernel": event.key[:90], "calls_per_step": event.count / 5,
-                     "ms_per_step": event.device_time_total / 5 / 1e3})  # fmt: skip
+        rows.append(
+            {
+                "kernel": event.key[:90],
+                "calls_per_step": event.count / 5,
+                "ms_per_step": event.device_time_total / 5 / 1e3,
+            }
+        )
     total = sum(e.device_time_total for e in prof.key_averages()) / 5 / 1e3
     kernels = sum(e.count for e in prof.key_averages()) / 5
     return [{"total_kernel_ms_per_step": total, "kernels_per_step": kernels}, *rows]
@@ -190,17 +200,22 @@ def main() -> int:
         results["kernel"] = kernel_check(args.device, torch.bfloat16)
         save()
     started = time.perf_counter()
-    fast = FastTorchInference("medgemma-4b-random", preloaded=preloaded, slots=16, max_sequence=2048,
-                              max_resident_conversations=2)  # fmt: skip
+    fast = FastTorchInference(
+        "medgemma-4b-random", preloaded=preloaded, slots=16, max_sequence=2048, max_resident_conversations=2
+    )
     fast.warm_up()
     results["fast_startup_s"] = time.perf_counter() - started
     results["fast_startup"] = fast.startup
     save()
 
-    films = [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png"))
-             for s in range(args.prompts)]  # fmt: skip
-    requests = [GenerationRequest(film, (ChatTurn("user", q),), max_new_tokens=args.tokens)
-                for film, q in zip(films, QUESTIONS, strict=False)]  # fmt: skip
+    films = [
+        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png"))
+        for s in range(args.prompts)
+    ]
+    requests = [
+        GenerationRequest(film, (ChatTurn("user", q),), max_new_tokens=args.tokens)
+        for film, q in zip(films, QUESTIONS, strict=False)
+    ]
 
     def tokens_of(backend, request):
         stats = GenerationStats()
@@ -213,9 +228,15 @@ def main() -> int:
         produced = tokens_of(fast, request)
         eager_tokens = tokens_of(eager, request)
         divergence = first_divergence(expected, produced)
-        rows.append({"prompt": index, "equal": divergence is None, "first_divergence": divergence,
-                     "generate_margin_there": margins[divergence] if divergence is not None else None,
-                     "eager_contract_equal_generate": first_divergence(expected, eager_tokens) is None})  # fmt: skip
+        rows.append(
+            {
+                "prompt": index,
+                "equal": divergence is None,
+                "first_divergence": divergence,
+                "generate_margin_there": margins[divergence] if divergence is not None else None,
+                "eager_contract_equal_generate": first_divergence(expected, eager_tokens) is None,
+            }
+        )
     results["fast_vs_generate"] = rows
     save()
 
@@ -242,9 +263,12 @@ def main() -> int:
     fast.generate(GenerationRequest(films[0], turns, 32, conversation_id="kept"), kept_stats)
     fast.forget("kept")
     fast.generate(GenerationRequest(films[0], turns, 32, conversation_id="kept"), evicted_stats)
-    results["eviction"] = {"reused_with_cache": kept_stats.reused_tokens, "reused_after_eviction":
-                           evicted_stats.reused_tokens, "equal": kept_stats.token_ids == evicted_stats.token_ids,
-                           "first_divergence": first_divergence(kept_stats.token_ids, evicted_stats.token_ids)}  # fmt: skip
+    results["eviction"] = {
+        "reused_with_cache": kept_stats.reused_tokens,
+        "reused_after_eviction": evicted_stats.reused_tokens,
+        "equal": kept_stats.token_ids == evicted_stats.token_ids,
+        "first_divergence": first_divergence(kept_stats.token_ids, evicted_stats.token_ids),
+    }
     save()
 
     if on_gpu:
@@ -264,8 +288,10 @@ def main() -> int:
         print(f"| fast path = generate(), {args.tokens} tokens | {equal}/{len(rows)} prompts |")
     for row in results["fast_vs_generate"]:
         if not row["equal"]:
-            print(f"| divergence | prompt {row['prompt']} at token {row['first_divergence']}, "
-                  f"generate() margin {row['generate_margin_there']:.4f} |")  # fmt: skip
+            print(
+                f"| divergence | prompt {row['prompt']} at token {row['first_divergence']}, "
+                f"generate() margin {row['generate_margin_there']:.4f} |"
+            )
     if rows:
         print(f"| eager contract = generate() | {sum(r['eager_contract_equal_generate'] for r in rows)}/{len(rows)} |")
     print(f"| batched = alone | {batched_equal}/{len(batched_rows)} prompts |")

@@ -51,9 +51,31 @@ def prepare_bundle(work: Path, output: Path) -> Path:
     for seed in range(12):  # PNG only: the GPU image has no pydicom
         (films / f"synthetic_phantom_{seed:04d}.png").write_bytes(png_bytes(quantize(chest_phantom(seed=seed), 8)))
     bundle = work / "fp32"
-    run([sys.executable, "optimize_trt_engine.py", "--model_path", str(model), "--calib_images", str(films),
-         "--precision", "fp32", "--target", "none", "--device", "cpu", "--max_seq_len", "1536", "--max_batch", "2",
-         "--allow_few_films", "--overwrite", "--output_path", str(bundle)], output / "bundle_build.log")  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "optimize_trt_engine.py",
+            "--model_path",
+            str(model),
+            "--calib_images",
+            str(films),
+            "--precision",
+            "fp32",
+            "--target",
+            "none",
+            "--device",
+            "cpu",
+            "--max_seq_len",
+            "1536",
+            "--max_batch",
+            "2",
+            "--allow_few_films",
+            "--overwrite",
+            "--output_path",
+            str(bundle),
+        ],
+        output / "bundle_build.log",
+    )
     return bundle
 
 
@@ -81,8 +103,12 @@ def main() -> int:
     from xray_io import load_radiograph
     from xray_io.preprocess import model_input_image
 
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "python": platform.python_version(),
-                     "onnxruntime": onnxruntime.__version__, "checks": {}}  # fmt: skip
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "checks": {},
+    }
     checks = results["checks"]
 
     def save() -> None:
@@ -123,20 +149,32 @@ def main() -> int:
         figures = Comparator.compare_accuracy(runs["onnxruntime-cpu"], runs["tensorrt"], args.tokens)
         results["figures"] = figures
         prompt_tokens = int(reference.prompt_ids(long_request).shape[1])
-        check("two-turn + past-window conversation token for token", not differences and prompt_tokens > 562,
-              {"differences": differences, "tokens": [len(s) for s in runs["tensorrt"].steps],
-               "long_prompt_tokens": prompt_tokens, "logprob_delta_max": figures["logprob_delta_max"]})  # fmt: skip
+        check(
+            "two-turn + past-window conversation token for token",
+            not differences and prompt_tokens > 562,
+            {
+                "differences": differences,
+                "tokens": [len(s) for s in runs["tensorrt"].steps],
+                "long_prompt_tokens": prompt_tokens,
+                "logprob_delta_max": figures["logprob_delta_max"],
+            },
+        )
 
-        truncation = [truncate_then_continue(engine.executor, 512, list(range(10, 60)), list(range(100, 112)), keep)
-                      for keep in (0, 20, 55)]  # fmt: skip
+        truncation = [
+            truncate_then_continue(engine.executor, 512, list(range(10, 60)), list(range(100, 112)), keep)
+            for keep in (0, 20, 55)
+        ]
         check("truncate keeps exactly the first tokens (cudaMemcpy2DAsync)", max(truncation) < 1e-5, truncation)
 
         films = [film.rotate(angle) for angle in (0, 3, 6, 9, 12)]
         before = engine.executor.vision_context.executions
         difference = float(np.abs(engine.image_features(films) - reference.image_features(films)).max())
         chunks = engine.executor.vision_context.executions - before
-        check("vision batch of 5 split by max_batch 2", chunks == 3 and difference < 1e-5,
-              {"chunks": chunks, "max_abs_difference": difference})  # fmt: skip
+        check(
+            "vision batch of 5 split by max_batch 2",
+            chunks == 3 and difference < 1e-5,
+            {"chunks": chunks, "max_abs_difference": difference},
+        )
 
         held = [engine.executor.new_sequence(timeout_s=0) for _ in range(engine.executor.slots.capacity)]
         started = time.monotonic()
@@ -151,8 +189,11 @@ def main() -> int:
 
         engine.close()
         reference.close()
-        check("every allocation and stream freed on close", cudart.live == (0, 0, 0),
-              {"live (device, pinned, streams)": cudart.live, "mallocs": cudart.mallocs, "frees": cudart.frees})  # fmt: skip
+        check(
+            "every allocation and stream freed on close",
+            cudart.live == (0, 0, 0),
+            {"live (device, pinned, streams)": cudart.live, "mallocs": cudart.mallocs, "frees": cudart.frees},
+        )
 
         leaks = {}
         for failing in (0, 7, 40):
@@ -163,8 +204,11 @@ def main() -> int:
             except RuntimeError:
                 leaks[failing] = cudart.live
         cudart.fail_malloc_after = None
-        check("a construction failing part-way frees what it allocated",
-              all(value == (0, 0, 0) for value in leaks.values() if not isinstance(value, str)), leaks)  # fmt: skip
+        check(
+            "a construction failing part-way frees what it allocated",
+            all(value == (0, 0, 0) for value in leaks.values() if not isinstance(value, str)),
+            leaks,
+        )
     results["device_free_bytes_before_after"] = [free_before, real_cudart.cudaMemGetInfo()[1]]
     results["bytes_through_engine_standin"] = {"read": memory.bytes_read, "written": memory.bytes_written}
     save()
@@ -173,8 +217,10 @@ def main() -> int:
     print("|---|---|")
     for name, outcome in checks.items():
         print(f"| {name} | {'pass' if outcome['passed'] else 'FAIL'} |")
-    print(f"\n{gpu_name}: {results['device_allocations']} device buffers, {results['device_bytes'] / 1e6:.1f} MB; "
-          f"{memory.bytes_read / 1e6:.0f} MB read and {memory.bytes_written / 1e6:.0f} MB written by the stand-in")  # fmt: skip
+    print(
+        f"\n{gpu_name}: {results['device_allocations']} device buffers, {results['device_bytes'] / 1e6:.1f} MB; "
+        f"{memory.bytes_read / 1e6:.0f} MB read and {memory.bytes_written / 1e6:.0f} MB written by the stand-in"
+    )
     return 0 if all(outcome["passed"] for outcome in checks.values()) else 1
 
 

@@ -36,16 +36,25 @@ def cases() -> dict[str, tuple[bytes, bytes, int]]:
         return dicom_bytes(quantize(film, 12), bits_stored=12, transfer_syntax=syntax, window=(2048, 4096), **extra)
 
     films = {
-        "DICOM 16-bit explicit": (dicom_bytes(quantize(big, 16), bits_stored=16),
-                                  dicom_bytes(quantize(small, 16), bits_stored=16), 2),
-        "DICOM 12-bit RLE, rescaled": (dicom(big, "rle-lossless", rescale=(2, -100)),
-                                       dicom(small, "rle-lossless", rescale=(2, -100)), 2),
+        "DICOM 16-bit explicit": (
+            dicom_bytes(quantize(big, 16), bits_stored=16),
+            dicom_bytes(quantize(small, 16), bits_stored=16),
+            2,
+        ),
+        "DICOM 12-bit RLE, rescaled": (
+            dicom(big, "rle-lossless", rescale=(2, -100)),
+            dicom(small, "rle-lossless", rescale=(2, -100)),
+            2,
+        ),
         "DICOM 12-bit JPEG 2000": (dicom(big, "jpeg-2000-lossless"), dicom(small, "jpeg-2000-lossless"), 2),
-        "DICOM 12-bit deflated": (dicom(big, "deflated-explicit-vr-little-endian"),
-                                  dicom(small, "deflated-explicit-vr-little-endian"), 2),
+        "DICOM 12-bit deflated": (
+            dicom(big, "deflated-explicit-vr-little-endian"),
+            dicom(small, "deflated-explicit-vr-little-endian"),
+            2,
+        ),
         "PNG 16-bit": (png_bytes(quantize(big, 16)), png_bytes(quantize(small, 16)), 2),
         "JPEG 8-bit": (jpeg(quantize(big, 8)), jpeg(quantize(small, 8)), 1),
-    }  # fmt: skip
+    }
     warm_png, warm_dicom = png_bytes(quantize(small, 8)), dicom(small, "explicit-vr-little-endian")
     bombs = {
         "bomb: PNG 16-bit 13000x13000": (png_bomb(13000, 13000), warm_png, 0),

@@ -55,8 +55,15 @@ def percentiles(values: list[float]) -> dict:
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    return {"mean": statistics.fmean(ordered), "p50": pick(0.5), "p99": pick(0.99), "p999": pick(0.999),
-            "min": ordered[0], "max": ordered[-1], "n": len(ordered)}  # fmt: skip
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": pick(0.5),
+        "p99": pick(0.99),
+        "p999": pick(0.999),
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
 
 
 def single_stream(service, image, requests: int, max_new_tokens: int, progress: Callable[[], None]) -> dict:

@@ -15,13 +15,25 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 MEDGEMMA_4B_TEXT = dict(
-    hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
-    head_dim=256, vocab_size=262208, sliding_window=1024, rope_scaling={"rope_type": "linear", "factor": 8.0},
-)  # fmt: skip
+    hidden_size=2560,
+    intermediate_size=10240,
+    num_hidden_layers=34,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    vocab_size=262208,
+    sliding_window=1024,
+    rope_scaling={"rope_type": "linear", "factor": 8.0},
+)
 MEDGEMMA_4B_VISION = dict(
-    hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16, image_size=896,
-    patch_size=14, vision_use_head=False,
-)  # fmt: skip
+    hidden_size=1152,
+    intermediate_size=4304,
+    num_hidden_layers=27,
+    num_attention_heads=16,
+    image_size=896,
+    patch_size=14,
+    vision_use_head=False,
+)
 
 
 def random_medgemma_4b(processor_dir: Path, device: str, seed: int = 0):
@@ -33,16 +45,29 @@ def random_medgemma_4b(processor_dir: Path, device: str, seed: int = 0):
     started = time.perf_counter()
     processor = AutoProcessor.from_pretrained(processor_dir)
     tokenizer = processor.tokenizer
-    special = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
-        ("boi", "<start_of_image>"), ("eoi", "<end_of_image>"), ("image", "<image_soft_token>"),
-        ("eos", "<eos>"), ("eot", "<end_of_turn>"), ("bos", "<bos>"), ("pad", "<pad>"))}  # fmt: skip
+    special = {
+        name: tokenizer.convert_tokens_to_ids(token)
+        for name, token in (
+            ("boi", "<start_of_image>"),
+            ("eoi", "<end_of_image>"),
+            ("image", "<image_soft_token>"),
+            ("eos", "<eos>"),
+            ("eot", "<end_of_turn>"),
+            ("bos", "<bos>"),
+            ("pad", "<pad>"),
+        )
+    }
     config = Gemma3Config(
-        text_config=dict(MEDGEMMA_4B_TEXT, bos_token_id=special["bos"], eos_token_id=special["eos"],
-                         pad_token_id=special["pad"]),
-        vision_config=MEDGEMMA_4B_VISION, mm_tokens_per_image=256, boi_token_index=special["boi"],
-        eoi_token_index=special["eoi"], image_token_index=special["image"],
+        text_config=dict(
+            MEDGEMMA_4B_TEXT, bos_token_id=special["bos"], eos_token_id=special["eos"], pad_token_id=special["pad"]
+        ),
+        vision_config=MEDGEMMA_4B_VISION,
+        mm_tokens_per_image=256,
+        boi_token_index=special["boi"],
+        eoi_token_index=special["eoi"],
+        image_token_index=special["image"],
         eos_token_id=[special["eos"], special["eot"]],
-    )  # fmt: skip
+    )
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     torch.manual_seed(seed)
     with torch.device(device):

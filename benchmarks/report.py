@@ -35,8 +35,11 @@ def markdown(result: dict) -> str:
             f"{_fmt(single.get('end_to_end_s', {}).get('p50'), 3)} | {_fmt(single.get('end_to_end_s', {}).get('p99'), 3)} | "
             f"{_fmt(mode.get('peak_gpu_gib'), 2)} |"
         )
-    lines += ["", "| mode | users | answers | failures | tokens/s | requests/s | per-stream ms/token p50 | TTFT p50 / p99 ms |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "| mode | users | answers | failures | tokens/s | requests/s | per-stream ms/token p50 | TTFT p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, mode in modes.items():
         for level in mode.get("concurrency", []):
             lines.append(

@@ -58,14 +58,20 @@ class LoadResult:
     def summary(self) -> dict:
         rss = [value for _, value in self.rss_samples]
         return {
-            "clients": self.clients, "seconds": round(self.seconds, 1), "answered": self.answered,
-            "failed": len(self.failures), "answers_per_s": round(self.answered / self.seconds, 2),
-            **{key: (round(value, 3) if value is not None else None) for key, value in
-               percentiles(self.latencies_s).items()},
-            "switches": len(self.switches), "rss_start_mib": round(rss[0] / 2**20, 1) if rss else None,
+            "clients": self.clients,
+            "seconds": round(self.seconds, 1),
+            "answered": self.answered,
+            "failed": len(self.failures),
+            "answers_per_s": round(self.answered / self.seconds, 2),
+            **{
+                key: (round(value, 3) if value is not None else None)
+                for key, value in percentiles(self.latencies_s).items()
+            },
+            "switches": len(self.switches),
+            "rss_start_mib": round(rss[0] / 2**20, 1) if rss else None,
             "rss_end_mib": round(rss[-1] / 2**20, 1) if rss else None,
             "rss_max_mib": round(max(rss) / 2**20, 1) if rss else None,
-        }  # fmt: skip
+        }
 
     def to_json(self) -> dict:
         return {"summary": self.summary(), **asdict(self)}
@@ -133,14 +139,21 @@ def run_load(
 
 def format_table(summary: dict) -> str:
     rows = [
-        ("clients", summary["clients"]), ("duration (s)", summary["seconds"]), ("answers", summary["answered"]),
-        ("failed", summary["failed"]), ("answers/s", summary["answers_per_s"]),
-        ("ask latency p50 / p90 / p99 / max (s)",
-         f"{summary['p50_s']} / {summary['p90_s']} / {summary['p99_s']} / {summary['max_s']}"),
+        ("clients", summary["clients"]),
+        ("duration (s)", summary["seconds"]),
+        ("answers", summary["answered"]),
+        ("failed", summary["failed"]),
+        ("answers/s", summary["answers_per_s"]),
+        (
+            "ask latency p50 / p90 / p99 / max (s)",
+            f"{summary['p50_s']} / {summary['p90_s']} / {summary['p99_s']} / {summary['max_s']}",
+        ),
         ("mode switches", summary["switches"]),
-        ("server RSS start / end / max (MiB)",
-         f"{summary['rss_start_mib']} / {summary['rss_end_mib']} / {summary['rss_max_mib']}"),
-    ]  # fmt: skip
+        (
+            "server RSS start / end / max (MiB)",
+            f"{summary['rss_start_mib']} / {summary['rss_end_mib']} / {summary['rss_max_mib']}",
+        ),
+    ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
 
@@ -194,8 +207,15 @@ def main(argv: list[str] | None = None) -> int:
         return {"ok": done.returncode == 0, "output": (done.stdout + done.stderr).strip()[-300:]}
 
     try:
-        result = run_load(f"http://127.0.0.1:{port}", film, args.clients, args.seconds, pid,
-                          switch if args.switch_every else None, args.switch_every)  # fmt: skip
+        result = run_load(
+            f"http://127.0.0.1:{port}",
+            film,
+            args.clients,
+            args.seconds,
+            pid,
+            switch if args.switch_every else None,
+            args.switch_every,
+        )
     finally:
         script("stop_gradio.sh")
     args.output.parent.mkdir(parents=True, exist_ok=True)

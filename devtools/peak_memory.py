@@ -44,8 +44,9 @@ print(json.dumps(outcome))
 """
 
 
-def peak_load_memory(film: bytes, warm_up: bytes, *, source_root: Path = REPO_ROOT,
-                     address_space_limit: int = 3 << 30) -> dict:  # fmt: skip
+def peak_load_memory(
+    film: bytes, warm_up: bytes, *, source_root: Path = REPO_ROOT, address_space_limit: int = 3 << 30
+) -> dict:
     """{"loaded": [rows, cols]}, {"refused": error class, "message": ...} (the package's own error) or
     {"escaped": exception class, ...} (anything else, MemoryError included), plus "peak_bytes": the peak RSS above
     what the child held with the file's bytes already in memory."""
@@ -58,10 +59,14 @@ def peak_load_memory(film: bytes, warm_up: bytes, *, source_root: Path = REPO_RO
         film_path.write_bytes(film)
         warm_path.write_bytes(warm_up)
         result = subprocess.run(
-            [sys.executable, "-c", CHILD, str(film_path), str(warm_path)], cwd=source_root, capture_output=True,
-            text=True, timeout=600, preexec_fn=limit,
+            [sys.executable, "-c", CHILD, str(film_path), str(warm_path)],
+            cwd=source_root,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preexec_fn=limit,
             env={"PYTHONPATH": str(source_root), "OPENBLAS_NUM_THREADS": "1"},
-        )  # fmt: skip
+        )
     if result.returncode != 0:
         raise RuntimeError(f"the loading child failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

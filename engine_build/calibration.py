@@ -89,8 +89,10 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
     if synthetic:
         logger.warning(
             "calibration: %d of %d films are SYNTHETIC phantoms (their metadata says so): fine for a pipeline test, "
-            "never for a bundle that serves patients", len(synthetic), len(images),
-        )  # fmt: skip
+            "never for a bundle that serves patients",
+            len(synthetic),
+            len(images),
+        )
     return CalibrationSet(images, names, digest.hexdigest(), skipped, synthetic)
 
 
@@ -111,8 +113,9 @@ def require_enough_films(films: CalibrationSet, allow_few: bool, minimum: int = 
         )
     logger.warning(
         "calibration: %s, below the minimum of %d (allowed by --allow_few_films; recorded in the manifest)",
-        detail, minimum,
-    )  # fmt: skip
+        detail,
+        minimum,
+    )
 
 
 def split_held_out(films: CalibrationSet, fraction: float = 0.1, minimum: int = 2) -> tuple[list, list]:
@@ -134,9 +137,13 @@ class RecordingSequence:
         return self.inner.past_length
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask):
-        feed = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": position_ids.astype(np.int64),
-                "full_mask": full_mask, "sliding_mask": sliding_mask,
-                **self.inner.past_feeds(inputs_embeds.shape[0])}  # fmt: skip
+        feed = {
+            "inputs_embeds": inputs_embeds.astype(np.float32),
+            "position_ids": position_ids.astype(np.int64),
+            "full_mask": full_mask,
+            "sliding_mask": sliding_mask,
+            **self.inner.past_feeds(inputs_embeds.shape[0]),
+        }
         self.sink.append(feed)
         return self.inner.run(inputs_embeds, position_ids, full_mask, sliding_mask)
 

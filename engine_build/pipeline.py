@@ -21,8 +21,15 @@ from engine_bundle.manifest import read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
 
-PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json",
-                   "preprocessor_config.json", "generation_config.json", "special_tokens_map.json")  # fmt: skip
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+)
 GRAPHS = ("vision", "embed", "decoder")
 MAX_BATCH_LIMIT = 64
 PROMPT_ROOM_TOKENS = 128  # system prompt, chat template and a question around one film's image tokens
@@ -102,9 +109,11 @@ def prepare(options: BuildOptions) -> BuildPlan:
     plan = plan_build(options.precision, options.target, capabilities, gpu, why_no_gpu)
     logger.info(
         "plan: %s, engines: %s%s; accuracy measured on %s",
-        plan.precision, plan.target or "none (ONNX graphs only)",
-        f" for {','.join(plan.compute_capabilities)}" if plan.compute_capabilities else "", plan.verify_reason,
-    )  # fmt: skip
+        plan.precision,
+        plan.target or "none (ONNX graphs only)",
+        f" for {','.join(plan.compute_capabilities)}" if plan.compute_capabilities else "",
+        plan.verify_reason,
+    )
     return plan
 
 
@@ -143,8 +152,12 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
     started = time.perf_counter()
     checkpoint = describe_checkpoint(options.model_path)
     calibration_images, held_out = split_held_out(films)
-    logger.info("calibration: %d films (%d held out for verification), %d files skipped",
-                len(calibration_images), len(held_out), len(films.skipped))  # fmt: skip
+    logger.info(
+        "calibration: %d films (%d held out for verification), %d files skipped",
+        len(calibration_images),
+        len(held_out),
+        len(films.skipped),
+    )
 
     reference = TorchInference(options.model_path, device=options.device)
     try:
@@ -157,37 +170,56 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
         shape = DecoderShape.from_config(model.config)
         text = model.config.get_text_config()
         shapes = {
-            "image_size": model.config.vision_config.image_size, "image_tokens": model.config.mm_tokens_per_image,
-            "hidden": shape.hidden, "layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
-            "vocab": shape.vocab, "sliding_window": shape.sliding_window, "max_sequence": options.max_seq_len,
+            "image_size": model.config.vision_config.image_size,
+            "image_tokens": model.config.mm_tokens_per_image,
+            "hidden": shape.hidden,
+            "layers": shape.layers,
+            "kv_heads": shape.kv_heads,
+            "head_dim": shape.head_dim,
+            "vocab": shape.vocab,
+            "sliding_window": shape.sliding_window,
+            "max_sequence": options.max_seq_len,
             "max_batch": options.max_batch,
-        }  # fmt: skip
+        }
         eos = model.generation_config.eos_token_id
         tokens = {
-            "image_token_id": model.config.image_token_id, "boi": model.config.boi_token_id,
-            "eoi": model.config.eoi_token_id, "eos": sorted(set(eos if isinstance(eos, list) else [eos])),
+            "image_token_id": model.config.image_token_id,
+            "boi": model.config.boi_token_id,
+            "eoi": model.config.eoi_token_id,
+            "eos": sorted(set(eos if isinstance(eos, list) else [eos])),
             "bos": text.bos_token_id,
-        }  # fmt: skip
+        }
 
         fp32_dir = out / "onnx" / "fp32"
         with Step(1, "export to ONNX and check against PyTorch in ONNX Runtime"):
             pixels = torch.from_numpy(reference_pixels(reference, calibration_images[0])).to(reference.dtype)
-            export_graphs(model, fp32_dir, pixels.to(reference.device),
-                          progress=lambda g: logger.info("  exported %s", g))  # fmt: skip
+            export_graphs(
+                model, fp32_dir, pixels.to(reference.device), progress=lambda g: logger.info("  exported %s", g)
+            )
             parity = check_export_parity(model, fp32_dir, pixels, tolerance=options.parity_tolerance)
             logger.info("  parity (max relative error): %s", {k: f"{v:.1e}" for k, v in parity.items()})
 
         base_manifest = {
-            "model": {"id": checkpoint.model_id, "is_demo": checkpoint.is_demo,
-                      "weights_sha256": weights_sha256(options.model_path),
-                      "source_path": str(Path(options.model_path).resolve())},  # fmt: skip
-            "shapes": shapes, "tokens": tokens,
+            "model": {
+                "id": checkpoint.model_id,
+                "is_demo": checkpoint.is_demo,
+                "weights_sha256": weights_sha256(options.model_path),
+                "source_path": str(Path(options.model_path).resolve()),
+            },
+            "shapes": shapes,
+            "tokens": tokens,
             "tensorrt": {"target": None, "version": None, "gpu_name": None, "compute_capability": None},
             "build": {"command": options.command, "commands": [options.command]},
-        }  # fmt: skip
+        }
         # The staging folder's own fp32 manifest: lets the fp32 graphs record calibration feeds. Never published.
-        write_manifest(out, {**base_manifest, "precision": "fp32",
-                             "graphs": {g: {"onnx": f"onnx/fp32/{g}.onnx", "engine": None} for g in GRAPHS}})  # fmt: skip
+        write_manifest(
+            out,
+            {
+                **base_manifest,
+                "precision": "fp32",
+                "graphs": {g: {"onnx": f"onnx/fp32/{g}.onnx", "engine": None} for g in GRAPHS},
+            },
+        )
 
         precision_dir = out / "onnx" / options.precision
         precision_dir.mkdir(parents=True, exist_ok=True)
@@ -206,8 +238,14 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
                 vision_data = {"pixel_values": np.concatenate(pixel_batches)}
                 for graph in GRAPHS:
                     calibration = vision_data if graph == "vision" else FeedReader(feeds)
-                    quantize_graph(graph, fp32_dir / f"{graph}.onnx", precision_dir / f"{graph}.onnx",
-                                   options.precision, calibration, options.calibration_method)  # fmt: skip
+                    quantize_graph(
+                        graph,
+                        fp32_dir / f"{graph}.onnx",
+                        precision_dir / f"{graph}.onnx",
+                        options.precision,
+                        calibration,
+                        options.calibration_method,
+                    )
                     qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
                     logger.info("  %s: %s", graph, qdq[graph])
 
@@ -217,15 +255,19 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
             if plan.target is None:
                 logger.warning(
                     "no engines built: the bundle holds ONNX graphs only. Finish on the GPU host with: "
-                    "python optimize_trt_engine.py --from_onnx %s --target tensorrt", options.output_path,
-                )  # fmt: skip
+                    "python optimize_trt_engine.py --from_onnx %s --target tensorrt",
+                    options.output_path,
+                )
             else:
                 engines, trt_record = build_engines(out, precision_dir, shapes, plan, options.workspace_gib)
 
         with Step(4, f"verify against PyTorch on held-out films ({plan.verify_executor}) and seal the manifest"):
-            manifest = {**base_manifest, "precision": options.precision, "tensorrt": trt_record,
-                        "graphs": {g: {"onnx": f"onnx/{options.precision}/{g}.onnx", "engine": engines[g]}
-                                   for g in GRAPHS}}  # fmt: skip
+            manifest = {
+                **base_manifest,
+                "precision": options.precision,
+                "tensorrt": trt_record,
+                "graphs": {g: {"onnx": f"onnx/{options.precision}/{g}.onnx", "engine": engines[g]} for g in GRAPHS},
+            }
             write_manifest(out, manifest)
             bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
             try:
@@ -241,23 +283,35 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
                     f"{options.output_path} left as it was). Figures: {json.dumps(figures)}"
                 )
             manifest["accuracy"] = {
-                **figures, "thresholds": thresholds_record(thresholds), "passed": True, "failures": [],
-                "export_parity_max_relative_error": parity, "executor": plan.verify_executor,
-                "measured_on": plan.verify_reason, "plans_verified": plan.verify_executor == "tensorrt",
+                **figures,
+                "thresholds": thresholds_record(thresholds),
+                "passed": True,
+                "failures": [],
+                "export_parity_max_relative_error": parity,
+                "executor": plan.verify_executor,
+                "measured_on": plan.verify_reason,
+                "plans_verified": plan.verify_executor == "tensorrt",
                 "reference": f"PyTorch ({reference.precision}, {reference.device})",
-            }  # fmt: skip
+            }
             manifest["calibration"] = {
-                "films": len(calibration_images), "held_out": len(held_out), "sha256": films.sha256,
-                "decoder_feeds": len(feeds), "method": options.calibration_method,
-                "real_films": films.real_films, "synthetic_films": len(films.synthetic),
-                "below_recommended": films.real_films < MIN_RECOMMENDED_FILMS, "skipped_files": films.skipped,
+                "films": len(calibration_images),
+                "held_out": len(held_out),
+                "sha256": films.sha256,
+                "decoder_feeds": len(feeds),
+                "method": options.calibration_method,
+                "real_films": films.real_films,
+                "synthetic_films": len(films.synthetic),
+                "below_recommended": films.real_films < MIN_RECOMMENDED_FILMS,
+                "skipped_files": films.skipped,
                 "qdq_nodes": qdq,
-            }  # fmt: skip
+            }
             manifest["build"] = {
-                **base_manifest["build"], "seconds": round(time.perf_counter() - started, 1),
+                **base_manifest["build"],
+                "seconds": round(time.perf_counter() - started, 1),
                 "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "host_python": sys.version.split()[0], "torch": torch.__version__,
-            }  # fmt: skip
+                "host_python": sys.version.split()[0],
+                "torch": torch.__version__,
+            }
             if not options.keep_fp32_onnx and options.precision != "fp32":
                 shutil.rmtree(fp32_dir, ignore_errors=True)
             manifest = seal(out, manifest)
@@ -274,8 +328,12 @@ def reference_pixels(torch_backend, image):
 def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, plan: BuildPlan, workspace_gib: float):
     from engine_build.builder import EngineBuilder, graph_profiles
 
-    builder = EngineBuilder(plan.target, workspace_gib=workspace_gib, timing_cache=bundle / "engines" / "timing.cache",
-                            compute_capabilities=plan.compute_capabilities or ())  # fmt: skip
+    builder = EngineBuilder(
+        plan.target,
+        workspace_gib=workspace_gib,
+        timing_cache=bundle / "engines" / "timing.cache",
+        compute_capabilities=plan.compute_capabilities or (),
+    )
     profiles = graph_profiles(shapes)
     engines = {}
     for graph in GRAPHS:
@@ -288,8 +346,13 @@ def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, plan: BuildPlan, w
         gpu_name, capability = device_compute_capability(0)
     else:
         gpu_name, capability = "RTX (ahead of time)", ",".join(plan.compute_capabilities)
-    return engines, {"target": plan.target, "version": builder.version, "gpu_name": gpu_name,
-                     "compute_capability": capability, "hardware_compatibility": "NONE"}  # fmt: skip
+    return engines, {
+        "target": plan.target,
+        "version": builder.version,
+        "gpu_name": gpu_name,
+        "compute_capability": capability,
+        "hardware_compatibility": "NONE",
+    }
 
 
 def finish_from_onnx(

@@ -140,8 +140,14 @@ def _autocast(graph: str, source: Path, target: Path, precision: str, calibratio
             providers=["cpu"],
         )
     if _is_large(source):
-        onnx.save_model(model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=f"{target.name}.data", size_threshold=1024)  # fmt: skip
+        onnx.save_model(
+            model,
+            str(target),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=f"{target.name}.data",
+            size_threshold=1024,
+        )
     else:
         onnx.save(model, str(target))
 

@@ -33,7 +33,7 @@ def verification_requests(images: list, tokens: int) -> list[GenerationRequest]:
             image,
             (ChatTurn("user", CALIBRATION_QUESTIONS[(index + 1) % len(CALIBRATION_QUESTIONS)]),),
             max_new_tokens=tokens,
-        )  # fmt: skip
+        )
         for index, image in enumerate(images)
     ]
 

@@ -153,6 +153,10 @@ def verify_bundle(bundle_dir: str | Path, manifest: dict) -> IntegrityReport:
     report = IntegrityReport(len(files), sum(r["bytes"] for r in files.values()), time.perf_counter() - started)
     logger.info(
         "bundle %s: accuracy gate passed (measured on %s); %d files (%.1f MB) match their recorded SHA-256 in %.1f s",
-        bundle_dir, manifest["accuracy"].get("executor"), report.files, report.bytes / 1e6, report.seconds,
-    )  # fmt: skip
+        bundle_dir,
+        manifest["accuracy"].get("executor"),
+        report.files,
+        report.bytes / 1e6,
+        report.seconds,
+    )
     return report

@@ -52,16 +52,39 @@ def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, sc
     partial = torch.empty((batch, heads, splits, dim), device=q.device, dtype=torch.float32)
     lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
     kernels.partial[(batch, kv_heads, splits)](
-        q, k_cache, v_cache, slots, lengths, partial, lse,
-        *q.stride(), *k_cache.stride(), *partial.stride(), *lse.stride(),
-        scale, window if window > 0 else 1 << 30, group, splits,
-        DIM=dim, BLOCK_DIM=triton_next_power_of_2(dim), BLOCK_N=BLOCK_N, BLOCK_H=BLOCK_H,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        partial,
+        lse,
+        *q.stride(),
+        *k_cache.stride(),
+        *partial.stride(),
+        *lse.stride(),
+        scale,
+        window if window > 0 else 1 << 30,
+        group,
+        splits,
+        DIM=dim,
+        BLOCK_DIM=triton_next_power_of_2(dim),
+        BLOCK_N=BLOCK_N,
+        BLOCK_H=BLOCK_H,
+    )
     out = torch.empty_like(q)
     kernels.merge[(batch, heads)](
-        partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(), splits,
-        DIM=dim, BLOCK_DIM=triton_next_power_of_2(dim), BLOCK_S=triton_next_power_of_2(splits),
-    )  # fmt: skip
+        partial,
+        lse,
+        out,
+        *partial.stride(),
+        *lse.stride(),
+        *out.stride(),
+        splits,
+        DIM=dim,
+        BLOCK_DIM=triton_next_power_of_2(dim),
+        BLOCK_S=triton_next_power_of_2(splits),
+    )
     return out
 
 
@@ -77,11 +100,36 @@ def _kernels():
 
     @triton.jit
     def partial_kernel(
-        q, k_cache, v_cache, slots, lengths, partial, lse,
-        q_b, q_h, q_d, c_s, c_h, c_n, c_d, p_b, p_h, p_s, p_d, l_b, l_h, l_s,
-        scale, window, group, splits,
-        DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    ):  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        partial,
+        lse,
+        q_b,
+        q_h,
+        q_d,
+        c_s,
+        c_h,
+        c_n,
+        c_d,
+        p_b,
+        p_h,
+        p_s,
+        p_d,
+        l_b,
+        l_h,
+        l_s,
+        scale,
+        window,
+        group,
+        splits,
+        DIM: tl.constexpr,
+        BLOCK_DIM: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -133,9 +181,24 @@ def _kernels():
 
     @triton.jit
     def merge_kernel(
-        partial, lse, out, p_b, p_h, p_s, p_d, l_b, l_h, l_s, o_b, o_h, o_d, splits,
-        DIM: tl.constexpr, BLOCK_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    ):  # fmt: skip
+        partial,
+        lse,
+        out,
+        p_b,
+        p_h,
+        p_s,
+        p_d,
+        l_b,
+        l_h,
+        l_s,
+        o_b,
+        o_h,
+        o_d,
+        splits,
+        DIM: tl.constexpr,
+        BLOCK_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
         b = tl.program_id(0)
         head = tl.program_id(1)
         s = tl.arange(0, BLOCK_S)

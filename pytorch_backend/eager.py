@@ -61,9 +61,12 @@ class TorchInference(InferenceBackend):
         self.text_config = config.get_text_config()
         logger.info(
             "loaded %s on %s (%s) in %.1f s%s",
-            self.checkpoint.model_id, self.device, self.precision, self.load_s,
+            self.checkpoint.model_id,
+            self.device,
+            self.precision,
+            self.load_s,
             " -- DEMO MODEL: not a medical model" if self.checkpoint.is_demo else "",
-        )  # fmt: skip
+        )
 
     @property
     def precision(self) -> str:

@@ -64,8 +64,12 @@ class FastTorchInference(TorchInference):
         self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
         logger.info(
             "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), compile=%s, CUDA graphs=%s",
-            slots, max_sequence, self.decoder.cache_bytes / 2**30, self.use_compile, self.use_graphs,
-        )  # fmt: skip
+            slots,
+            max_sequence,
+            self.decoder.cache_bytes / 2**30,
+            self.use_compile,
+            self.use_graphs,
+        )
 
     # --- KV state ---------------------------------------------------------------------------------------------
     def _allocate_impl(self):
@@ -155,9 +159,15 @@ class FastTorchInference(TorchInference):
     def _info_impl(self):
         info = super()._info_impl()
         info.details.update(
-            {"slots": self.decoder.slots, "max_sequence": self.max_sequence, "compile": self.use_compile,
-             "cuda_graphs": self.use_graphs, "batch_buckets": list(self.batch_buckets), "startup": self.startup}
-        )  # fmt: skip
+            {
+                "slots": self.decoder.slots,
+                "max_sequence": self.max_sequence,
+                "compile": self.use_compile,
+                "cuda_graphs": self.use_graphs,
+                "batch_buckets": list(self.batch_buckets),
+                "startup": self.startup,
+            }
+        )
         return info
 
 

@@ -98,12 +98,18 @@ class StaticGemmaDecoder:
         qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
         gate_up = _fused([mlp.gate_proj, mlp.up_proj])
         return LayerWeights(
-            qkv=qkv, o=attention.o_proj.weight, gate_up=gate_up, down=mlp.down_proj.weight,
-            input_norm=layer.input_layernorm.weight, post_attention_norm=layer.post_attention_layernorm.weight,
+            qkv=qkv,
+            o=attention.o_proj.weight,
+            gate_up=gate_up,
+            down=mlp.down_proj.weight,
+            input_norm=layer.input_layernorm.weight,
+            post_attention_norm=layer.post_attention_layernorm.weight,
             pre_feedforward_norm=layer.pre_feedforward_layernorm.weight,
             post_feedforward_norm=layer.post_feedforward_layernorm.weight,
-            q_norm=attention.q_norm.weight, k_norm=attention.k_norm.weight, sliding=layer_type == "sliding_attention",
-        )  # fmt: skip
+            q_norm=attention.q_norm.weight,
+            k_norm=attention.k_norm.weight,
+            sliding=layer_type == "sliding_attention",
+        )
 
     def _rope_tables(self, rotary, layer_types: list[str]) -> tuple[dict, dict]:
         """cos/sin for every position, per layer type, exactly as the model's rotary module computes them."""
@@ -126,17 +132,48 @@ class StaticGemmaDecoder:
         x = F.embedding(tokens, self.embed.weight) * self.embed_scale
         for index, layer in enumerate(self.layers):
             x = self.layer_step(
-                x, layer.qkv, layer.o, layer.gate_up, layer.down, layer.input_norm, layer.post_attention_norm,
-                layer.pre_feedforward_norm, layer.post_feedforward_norm, layer.q_norm, layer.k_norm,
-                self.k_cache[index], self.v_cache[index], self.cos[layer.sliding], self.sin[layer.sliding],
-                positions, slots, layer.sliding,
-            )  # fmt: skip
+                x,
+                layer.qkv,
+                layer.o,
+                layer.gate_up,
+                layer.down,
+                layer.input_norm,
+                layer.post_attention_norm,
+                layer.pre_feedforward_norm,
+                layer.post_feedforward_norm,
+                layer.q_norm,
+                layer.k_norm,
+                self.k_cache[index],
+                self.v_cache[index],
+                self.cos[layer.sliding],
+                self.sin[layer.sliding],
+                positions,
+                slots,
+                layer.sliding,
+            )
         return self.sample(x)
 
     def layer_step(
-        self, x, qkv, o, gate_up, down, input_norm, post_attention_norm, pre_feedforward_norm, post_feedforward_norm,
-        q_norm, k_norm, k_cache, v_cache, cos_table, sin_table, positions, slots, sliding: bool,
-    ):  # fmt: skip
+        self,
+        x,
+        qkv,
+        o,
+        gate_up,
+        down,
+        input_norm,
+        post_attention_norm,
+        pre_feedforward_norm,
+        post_feedforward_norm,
+        q_norm,
+        k_norm,
+        k_cache,
+        v_cache,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        sliding: bool,
+    ):
         """One decoder layer for a batch of single tokens; tensors only (plus one bool), so one compiled graph
         serves every layer of a type."""
         heads, kv_heads, dim, eps = self.heads, self.kv_heads, self.head_dim, self.eps

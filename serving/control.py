@@ -107,8 +107,11 @@ def _dispatch(service, request: dict) -> dict:
             return {"ok": True, "status": service.status()}
         if command == "switch":
             record = service.switch_to(str(request.get("mode")), reason="operator request")
-            return {"ok": True, "switch": {**asdict(record), "interruption_s": record.interruption_s},
-                    "status": service.status()}  # fmt: skip
+            return {
+                "ok": True,
+                "switch": {**asdict(record), "interruption_s": record.interruption_s},
+                "status": service.status(),
+            }
     except (SwitchError, RequestError) as exc:
         return {"ok": False, "error": str(exc), "status": service.status()}
     return {"ok": False, "error": f"unknown command {command!r}; valid: status, switch"}

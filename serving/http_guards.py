@@ -39,10 +39,13 @@ def file_paths(value) -> list:
 
 async def _answer(send, status: int, payload: dict, headers: tuple = ()) -> None:
     body = json.dumps(payload).encode()
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
-    })  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -62,8 +65,9 @@ class FileReferenceGuard:
             resolved = Path(path).resolve()
         except (OSError, ValueError, RuntimeError):
             return False
-        allowed, _reason = is_allowed_file(resolved, blocked_paths=[], allowed_paths=[],
-                                           created_paths=[self.upload_folder])  # fmt: skip
+        allowed, _reason = is_allowed_file(
+            resolved, blocked_paths=[], allowed_paths=[], created_paths=[self.upload_folder]
+        )
         return allowed and str(resolved) != self.upload_folder
 
     async def __call__(self, scope, receive, send) -> None:
@@ -135,8 +139,9 @@ class PoliteBusyQueue:
             if message.get("more_body"):
                 return
             if b"Queue is full" in held["body"]:
-                return await _answer(send, 503, {"detail": BUSY_MESSAGE},
-                                     ((b"retry-after", str(RETRY_AFTER_S).encode()),))  # fmt: skip
+                return await _answer(
+                    send, 503, {"detail": BUSY_MESSAGE}, ((b"retry-after", str(RETRY_AFTER_S).encode()),)
+                )
             await send(held["start"])
             await send({"type": "http.response.body", "body": held["body"]})
 

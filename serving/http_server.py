@@ -51,12 +51,18 @@ def build_http_app(service, demo, upload_folder: Path, auth: Callable[[str, str]
 
     settings = service.settings
     app = gr.mount_gradio_app(
-        api, demo, path="/", server_name=settings.host, server_port=settings.port, app_kwargs=dict(NO_API_DOCS),
+        api,
+        demo,
+        path="/",
+        server_name=settings.host,
+        server_port=settings.port,
+        app_kwargs=dict(NO_API_DOCS),
         show_error=False,  # errors reach the user only as the handlers' own gr.Error messages: no server paths
-        max_file_size=settings.max_file_size_bytes, auth=auth,
+        max_file_size=settings.max_file_size_bytes,
+        auth=auth,
         run_history=False,  # else the browser keeps every film and question for the next user of a shared PC
         auth_message="Log in with the name and password the operator gave you." if auth else None,
-    )  # fmt: skip
+    )
     # Gradio checks that a file input really came through its upload route (and refuses any other path) only
     # once the Blocks count as launched; demo.launch() sets that, gr.mount_gradio_app() does not. Without it, a
     # client can name any server file (/etc/shadow, the control token) and get it back as a "preview".
@@ -137,9 +143,14 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None) -> in
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # read by gradio at import: no telemetry calls out
     try:
         settings = Settings.from_env(
-            model_path=args.model_path, inference_mode=args.mode, engine_path=args.engine_path,
-            host=args.host, port=args.port, device=args.device, instance_id=args.instance_id,
-        )  # fmt: skip
+            model_path=args.model_path,
+            inference_mode=args.mode,
+            engine_path=args.engine_path,
+            host=args.host,
+            port=args.port,
+            device=args.device,
+            instance_id=args.instance_id,
+        )
         if not settings.instance_id:
             settings = settings.with_overrides(instance_id=uuid.uuid4().hex)
         from serving.http_auth import authenticator
@@ -179,14 +190,21 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None) -> in
         return exit_codes.STARTUP_FAILED
     app = build_http_app(service, build_ui(service, UploadInbox(cache.path)), cache.path, auth=auth)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level="warning", access_log=False,  # URLs name files
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,  # URLs name files
         timeout_graceful_shutdown=3,
-    )  # fmt: skip
+    )
     server = DrainingServer(config, service, settings.drain_timeout_s)
     logger.info(
-        "serving on http://%s:%d (mode %s, login %s)", settings.host, settings.port, service.mode,
+        "serving on http://%s:%d (mode %s, login %s)",
+        settings.host,
+        settings.port,
+        service.mode,
         "required" if auth else "off",
-    )  # fmt: skip
+    )
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
         server.run(sockets=[listener])
     finally:

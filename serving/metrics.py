@@ -18,13 +18,19 @@ class ServiceMetrics:
 
         self.registry = CollectorRegistry()
         self.request_latency = Histogram(
-            "medgemma_request_latency_seconds", "Whole-answer latency", ["mode"], buckets=LATENCY_BUCKETS,
+            "medgemma_request_latency_seconds",
+            "Whole-answer latency",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.time_to_first_token = Histogram(
-            "medgemma_time_to_first_token_seconds", "Time to the first generated token", ["mode"],
-            buckets=TTFT_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "medgemma_time_to_first_token_seconds",
+            "Time to the first generated token",
+            ["mode"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
         self.tokens = Counter("medgemma_generated_tokens", "Tokens generated", ["mode"], registry=self.registry)
         self.requests = Counter("medgemma_requests", "Answered requests", ["mode"], registry=self.registry)
         self.errors = Counter("medgemma_errors", "Failed requests or attempts", ["kind"], registry=self.registry)

@@ -259,8 +259,12 @@ class InferenceService:
             self.metrics.switch_interruption.set(record.interruption_s)
             logger.info(
                 "switched %s -> %s (%s): load %.2f s, interruption %.3f ms",
-                source.label if source else "none", target.label, reason, load_s, record.interruption_s * 1e3,
-            )  # fmt: skip
+                source.label if source else "none",
+                target.label,
+                reason,
+                load_s,
+                record.interruption_s * 1e3,
+            )
             return record
 
     def _retire(self, served: Served | None) -> None:
@@ -336,8 +340,9 @@ class InferenceService:
         self.metrics.breaker_trips.inc()
         logger.error(
             "circuit breaker tripped after %d consecutive TensorRT failures (last: %s); falling back to PyTorch",
-            self.breaker.threshold, reason,
-        )  # fmt: skip
+            self.breaker.threshold,
+            reason,
+        )
         threading.Thread(
             target=self._switch_quietly, args=(Mode.PYTORCH, f"circuit breaker: {reason}"), daemon=True
         ).start()

@@ -19,9 +19,12 @@ def hf_generate(backend, request) -> tuple[list[int], list[float]]:
     inputs = hf_inputs(backend, request).to(backend.device, dtype=backend.dtype)
     with torch.inference_mode():
         output = backend.model.generate(
-            **inputs, max_new_tokens=request.max_new_tokens, do_sample=False, output_logits=True,
+            **inputs,
+            max_new_tokens=request.max_new_tokens,
+            do_sample=False,
+            output_logits=True,
             return_dict_in_generate=True,
-        )  # fmt: skip
+        )
     tokens = output.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     logprobs = [
         float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(output.logits, tokens, strict=False)

@@ -32,9 +32,15 @@ def dicom_film(tmp_path):
     path = tmp_path / "chest_pa"  # no extension: recognised by content
     stored = quantize(chest_phantom(seed=11), 12)
     path.write_bytes(
-        dicom_bytes(stored, bits_stored=12, window=(2048, 4096), transfer_syntax="jpeg-2000-lossless",
-                    patient_name="Sentinel^Patient", patient_id="E2E-SENTINEL-ID")
-    )  # fmt: skip
+        dicom_bytes(
+            stored,
+            bits_stored=12,
+            window=(2048, 4096),
+            transfer_syntax="jpeg-2000-lossless",
+            patient_name="Sentinel^Patient",
+            patient_id="E2E-SENTINEL-ID",
+        )
+    )
     return path
 
 
@@ -107,10 +113,16 @@ def test_probes_and_metrics(demo_server):
     with urllib.request.urlopen(f"{demo_server.url}/metrics", timeout=5) as reply:
         body = reply.read().decode()
     for series in (
-        "medgemma_request_latency_seconds_bucket", "medgemma_time_to_first_token_seconds", "medgemma_generated_tokens_total",
-        "medgemma_errors_total", "medgemma_switches_total", "medgemma_breaker_trips_total", "medgemma_requests_waiting", "medgemma_requests_running",
+        "medgemma_request_latency_seconds_bucket",
+        "medgemma_time_to_first_token_seconds",
+        "medgemma_generated_tokens_total",
+        "medgemma_errors_total",
+        "medgemma_switches_total",
+        "medgemma_breaker_trips_total",
+        "medgemma_requests_waiting",
+        "medgemma_requests_running",
         "medgemma_gpu_memory_used_bytes",
-    ):  # fmt: skip
+    ):
         assert series in body, series
 
 

@@ -82,8 +82,23 @@ def write_twenty_films(folder: Path) -> dict[str, str]:
 
 
 def batch_command(films: Path, out: Path, questions: Path, *extra: str) -> list[str]:
-    return [sys.executable, "batch_films.py", "--task", "all", "--input", str(films), "--output", str(out),
-            "--questions", str(questions), "--max_new_tokens", MAX_NEW_TOKENS, "--batch_size", "2", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "batch_films.py",
+        "--task",
+        "all",
+        "--input",
+        str(films),
+        "--output",
+        str(out),
+        "--questions",
+        str(questions),
+        "--max_new_tokens",
+        MAX_NEW_TOKENS,
+        "--batch_size",
+        "2",
+        *extra,
+    ]
 
 
 def environment() -> dict:
@@ -104,8 +119,13 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
     expected_records = 20 * 3
 
     # 1. Start, and kill -9 once about a third of the records are in.
-    killed = subprocess.Popen(batch_command(films, out, questions, "--no_progress"), cwd=REPO_ROOT, env=environment(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    killed = subprocess.Popen(
+        batch_command(films, out, questions, "--no_progress"),
+        cwd=REPO_ROOT,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 300
     while len(journal_lines(out / "results.jsonl")) < expected_records // 3:
         assert killed.poll() is None, f"the run ended before it could be killed: {killed.stderr.read()[-2000:]!r}"
@@ -121,8 +141,14 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
         handle.write('{"film_id": "0123456789abcdef0123", "task": "rep')
 
     # 2. The same command resumes and finishes; three films fail, so the exit status is 1.
-    resumed = subprocess.run(batch_command(films, out, questions), cwd=REPO_ROOT, env=environment(),
-                             capture_output=True, text=True, timeout=600)  # fmt: skip
+    resumed = subprocess.run(
+        batch_command(films, out, questions),
+        cwd=REPO_ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 1, resumed.stderr[-3000:]
     assert "dropped 1 incomplete or unreadable line(s)" in resumed.stderr
     assert "films/s" in resumed.stderr  # the tqdm bar: rate and time left ("<00:01")
@@ -169,7 +195,9 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
         assert (out / result["exports"]["markdown"]).read_text().startswith("# Chest X-ray report")
         qa = by_file[relative]["qa"]
         assert qa["status"] == "ok" and [a["question"] for a in qa["result"]["answers"]] == [
-            "Is there a pneumothorax?", "Describe the heart size."]  # fmt: skip
+            "Is there a pneumothorax?",
+            "Describe the heart size.",
+        ]
         assert all(a["confidence"]["tokens"] == int(MAX_NEW_TOKENS) for a in qa["result"]["answers"])
 
     # 4. Every feature present, once, in the film's own row; no shard left that no record names.
@@ -216,11 +244,24 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
 def test_dicom_to_png_is_deidentified_and_uses_the_uis_windowing(tmp_path):
     films, out = tmp_path / "films", tmp_path / "out"
     films.mkdir()
-    mono1 = dicom_bytes(4095 - film(1), bits_stored=12, photometric="MONOCHROME1", patient_name=SECRET_PATIENT,
-                        patient_id=SECRET_ID, window=(2048, 3000))  # fmt: skip
+    mono1 = dicom_bytes(
+        4095 - film(1),
+        bits_stored=12,
+        photometric="MONOCHROME1",
+        patient_name=SECRET_PATIENT,
+        patient_id=SECRET_ID,
+        window=(2048, 3000),
+    )
     (films / f"{SECRET_NAME}.dcm").write_bytes(mono1)
-    (films / "j2k.dcm").write_bytes(dicom_bytes(film(2), bits_stored=12, transfer_syntax="jpeg-2000-lossless",
-                                                view_position="AP", patient_name=SECRET_PATIENT))  # fmt: skip
+    (films / "j2k.dcm").write_bytes(
+        dicom_bytes(
+            film(2),
+            bits_stored=12,
+            transfer_syntax="jpeg-2000-lossless",
+            view_position="AP",
+            patient_name=SECRET_PATIENT,
+        )
+    )
     (films / "already.png").write_bytes(png_bytes(film(3, 8)))
     (films / "ct.dcm").write_bytes(dicom_bytes(film(4), bits_stored=12, modality="CT", patient_name=SECRET_PATIENT))
     command = [sys.executable, "batch_films.py", "--task", "dicom-to-png", "--input", str(films), "--output", str(out)]
@@ -229,11 +270,27 @@ def test_dicom_to_png_is_deidentified_and_uses_the_uis_windowing(tmp_path):
     assert "1 skipped" in result.stdout and SECRET_NAME not in result.stdout + result.stderr
 
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert list(rows[0]) == ["film_id", "task", "status", "error_class", "error_message", "reason", "png", "view",
-                             "modality", "rows", "columns", "transfer_syntax"]  # fmt: skip
+    assert list(rows[0]) == [
+        "film_id",
+        "task",
+        "status",
+        "error_class",
+        "error_message",
+        "reason",
+        "png",
+        "view",
+        "modality",
+        "rows",
+        "columns",
+        "transfer_syntax",
+    ]
     by_status = sorted((r["status"], r["transfer_syntax"], r["view"]) for r in rows)
-    assert by_status == [("error", "", ""), ("ok", "Explicit VR Little Endian", "PA"),
-                         ("ok", "JPEG 2000 Image Compression (Lossless Only)", "AP"), ("skipped", "", "")]  # fmt: skip
+    assert by_status == [
+        ("error", "", ""),
+        ("ok", "Explicit VR Little Endian", "PA"),
+        ("ok", "JPEG 2000 Image Compression (Lossless Only)", "AP"),
+        ("skipped", "", ""),
+    ]
     assert next(r for r in rows if r["status"] == "skipped")["reason"] == "not a DICOM file"
     error = next(r for r in rows if r["status"] == "error")
     assert "modality is CT" in error["error_message"] and "ct.dcm" not in error["error_message"]
@@ -263,8 +320,14 @@ def test_dicom_to_png_is_deidentified_and_uses_the_uis_windowing(tmp_path):
                 assert secret.encode() not in content, (path.name, secret)
 
     # Asked for, the mapping to the source files is kept, in this run's own records only.
-    named = subprocess.run([*command[:-1], str(tmp_path / "named"), "--file_names", "record"], cwd=REPO_ROOT,
-                           env=environment(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    named = subprocess.run(
+        [*command[:-1], str(tmp_path / "named"), "--file_names", "record"],
+        cwd=REPO_ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert named.returncode == 1
     named_rows = list(csv.DictReader((tmp_path / "named" / "results.csv").open()))
     assert sorted(r["file"] for r in named_rows) == sorted(["already.png", "ct.dcm", "j2k.dcm", f"{SECRET_NAME}.dcm"])
@@ -282,19 +345,35 @@ def _png_chunk_types(data: bytes) -> list[str]:
 
 def test_bad_use_is_refused_with_a_reason(tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "batch_films.py", *args], cwd=REPO_ROOT, env=environment(),
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "batch_films.py", *args],
+            cwd=REPO_ROOT,
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     missing = run("--task", "report", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out"))
     assert missing.returncode == 2 and "is not a folder" in missing.stderr
     (tmp_path / "films").mkdir()
     empty_questions = tmp_path / "q.txt"
     empty_questions.write_text("# nothing\n\n")
-    no_questions = run("--task", "qa", "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"),
-                       "--questions", str(empty_questions))  # fmt: skip
+    no_questions = run(
+        "--task",
+        "qa",
+        "--input",
+        str(tmp_path / "films"),
+        "--output",
+        str(tmp_path / "out"),
+        "--questions",
+        str(empty_questions),
+    )
     assert no_questions.returncode == 2 and "no questions found" in no_questions.stderr
-    for args, message in ((["--task", "qa"], "--task qa needs --questions"),
-                          (["--task", "report", "--max_new_tokens", "0"], "--max_new_tokens must be 1..")):  # fmt: skip
+    for args, message in (
+        (["--task", "qa"], "--task qa needs --questions"),
+        (["--task", "report", "--max_new_tokens", "0"], "--max_new_tokens must be 1.."),
+    ):
         refused = run(*args, "--input", str(tmp_path / "films"), "--output", str(tmp_path / "out"))
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     (tmp_path / "out").mkdir(exist_ok=True)
@@ -316,8 +395,18 @@ def test_trt_mode_gives_the_same_features_as_pytorch(tmp_path, request):
     features = {}
     for mode, extra in (("pytorch", []), ("trt", ["--mode", "trt", "--engine_path", str(bundle)])):
         out = tmp_path / mode
-        command = [sys.executable, "batch_films.py", "--task", "features", "--input", str(films), "--output", str(out),
-                   "--no_progress", *extra]  # fmt: skip
+        command = [
+            sys.executable,
+            "batch_films.py",
+            "--task",
+            "features",
+            "--input",
+            str(films),
+            "--output",
+            str(out),
+            "--no_progress",
+            *extra,
+        ]
         result = subprocess.run(command, cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
         records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -352,18 +441,36 @@ def test_hostile_files_neither_stop_the_batch_nor_leak_identifiers(tmp_path, dem
     films, out = tmp_path / "films", tmp_path / "out"
     films.mkdir()
     files = {
-        "good.dcm": identified(), "window-width-0.dcm": identified(WindowWidth="0"),
-        "bits-contradict.dcm": identified(BitsAllocated=8), "ct.dcm": identified(Modality="CT"),
-        "bomb.png": png_bomb(13000, 13000), "bomb-rle.dcm": dicom_rle_bomb(20000, 20000),
+        "good.dcm": identified(),
+        "window-width-0.dcm": identified(WindowWidth="0"),
+        "bits-contradict.dcm": identified(BitsAllocated=8),
+        "ct.dcm": identified(Modality="CT"),
+        "bomb.png": png_bomb(13000, 13000),
+        "bomb-rle.dcm": dicom_rle_bomb(20000, 20000),
         "headerless.dcm": identified()[132:],
-    }  # fmt: skip
+    }
     for name, content in files.items():
         (films / f"{FAKE_IDENTIFYING_FILE_NAME}_{name}").write_bytes(content)
     result = subprocess.run(
-        [sys.executable, "batch_films.py", "--task", "report", "--input", str(films), "--output", str(out),
-         "--max_new_tokens", "4", "--no_progress"],
-        cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "batch_films.py",
+            "--task",
+            "report",
+            "--input",
+            str(films),
+            "--output",
+            str(out),
+            "--max_new_tokens",
+            "4",
+            "--no_progress",
+        ],
+        cwd=REPO_ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     markers = ["ZZTESTPATIENT", "SECRETNAME", "PID-7731", *FAKE_IDENTIFIERS.values()]
     console = result.stdout + result.stderr

@@ -17,12 +17,41 @@ pytestmark = pytest.mark.slow
 def test_benchmark_writes_every_figure_for_every_mode(tmp_path, int8_bundle, demo_model_dir):
     output = tmp_path / "bench"
     result = subprocess.run(
-        [sys.executable, "benchmark.py", "--output", str(output), "--engine_path", str(int8_bundle), "--device", "cpu",
-         "--requests", "2", "--answer-tokens", "6", "--concurrency", "1,2", "--answers-per-user", "1",
-         "--eager-max-users", "2", "--turns", "2", "--turn-tokens", "4", "--films", "2", "--report-tokens", "4",
-         "--report-users", "2"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "benchmark.py",
+            "--output",
+            str(output),
+            "--engine_path",
+            str(int8_bundle),
+            "--device",
+            "cpu",
+            "--requests",
+            "2",
+            "--answer-tokens",
+            "6",
+            "--concurrency",
+            "1,2",
+            "--answers-per-user",
+            "1",
+            "--eager-max-users",
+            "2",
+            "--turns",
+            "2",
+            "--turn-tokens",
+            "4",
+            "--films",
+            "2",
+            "--report-tokens",
+            "4",
+            "--report-users",
+            "2",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     record = json.loads((output / "benchmark.json").read_text())
     assert {"date", "command", "machine", "model", "modes"} <= record.keys()

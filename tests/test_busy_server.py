@@ -21,8 +21,12 @@ TIMEOUT_S = 4  # the demo decodes about 290 tokens/s here: 2048 need 7 s
 
 @pytest.fixture(scope="module")
 def busy_server(tmp_path_factory, demo_model_dir):
-    env = {"GENERATION_CONCURRENCY": "1", "QUEUE_SIZE": "1", "REQUEST_TIMEOUT_S": str(TIMEOUT_S),
-           "MAX_NEW_TOKENS": "2048"}  # fmt: skip
+    env = {
+        "GENERATION_CONCURRENCY": "1",
+        "QUEUE_SIZE": "1",
+        "REQUEST_TIMEOUT_S": str(TIMEOUT_S),
+        "MAX_NEW_TOKENS": "2048",
+    }
     server = start_server(tmp_path_factory.mktemp("busy"), env=env)
     yield server
     server.stop()

@@ -21,8 +21,18 @@ from tests.conftest import REPO_ROOT, ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.slow
 
-PHI_MARKERS = ("ZZTESTPATIENT", "SECRETNAME", "PID-7731", "ACC-SECRET", "SECRET GENERAL", "SECRETREFERRER",
-               "19010203", "77310000000000000001", "77310000000000000002", "SECRETDOB")  # fmt: skip
+PHI_MARKERS = (
+    "ZZTESTPATIENT",
+    "SECRETNAME",
+    "PID-7731",
+    "ACC-SECRET",
+    "SECRET GENERAL",
+    "SECRETREFERRER",
+    "19010203",
+    "77310000000000000001",
+    "77310000000000000002",
+    "SECRETDOB",
+)
 FORGED_ANSWER = "through the upload route"
 
 
@@ -78,17 +88,25 @@ def named_paths(server: ServerProcess, tmp_path: Path) -> list[str]:
     link.unlink(missing_ok=True)
     link.symlink_to("/etc/passwd")
     return [
-        "/etc/shadow", "/etc/passwd", "/nonexistent/film.png", str(server.log_dir / "control.token"),
-        str(server.log_dir / "gradio_app.log"), f"{cache_of(server)}/../gradio_app.log", str(cache_of(server)),
-        str(link), f"http://127.0.0.1:{server.url.rsplit(':', 1)[1]}/healthz", "file:///etc/passwd",
-    ]  # fmt: skip
+        "/etc/shadow",
+        "/etc/passwd",
+        "/nonexistent/film.png",
+        str(server.log_dir / "control.token"),
+        str(server.log_dir / "gradio_app.log"),
+        f"{cache_of(server)}/../gradio_app.log",
+        str(cache_of(server)),
+        str(link),
+        f"http://127.0.0.1:{server.url.rsplit(':', 1)[1]}/healthz",
+        "file:///etc/passwd",
+    ]
 
 
 def test_a_client_named_path_gets_one_fixed_answer_whatever_the_path(server, tmp_path):
     upload_index = next(
-        index for index, dep in enumerate(httpx.get(f"{server.url}/config").json()["dependencies"])
+        index
+        for index, dep in enumerate(httpx.get(f"{server.url}/config").json()["dependencies"])
         if dep.get("api_name") == "upload_film"
-    )  # fmt: skip
+    )
     answers, joins, client_errors = set(), set(), set()
     client = Client(server.url, verbose=False)
     paths = named_paths(server, tmp_path)
@@ -97,7 +115,7 @@ def test_a_client_named_path_gets_one_fixed_answer_whatever_the_path(server, tmp
         join = httpx.post(
             f"{server.url}/gradio_api/queue/join",
             json={"data": [file_data(path), None], "fn_index": upload_index, "session_hash": "attacker01"},
-        )  # fmt: skip
+        )
         joins.add((join.status_code, join.text))
         try:  # a dict without "meta" is sent as is by gradio_client (with "meta", it uploads its own local file)
             client.predict({"path": path, "orig_name": "film.png"}, api_name="/upload_film")
@@ -167,8 +185,9 @@ def test_no_file_name_or_dicom_identifier_reaches_any_log_or_metric(server, tmp_
             refused.append(str(exc))
     assert loaded == 2 and len(refused) == 4, refused
     assert all("ZZTEST" not in message and "Internal error" not in message for message in refused)
-    client.predict(handle_file(str(tmp_path / f"{FAKE_IDENTIFYING_FILE_NAME}_SECRETDOB_good.dcm")),
-                   api_name="/upload_film")  # fmt: skip
+    client.predict(
+        handle_file(str(tmp_path / f"{FAKE_IDENTIFYING_FILE_NAME}_SECRETDOB_good.dcm")), api_name="/upload_film"
+    )
     client.predict("What are the main findings?", api_name="/ask")
     client.predict(api_name="/report")
     metrics = httpx.get(f"{server.url}/metrics").text
@@ -233,8 +252,12 @@ def test_login_is_off_by_default_and_on_with_a_private_credentials_file(tmp_path
     credentials = tmp_path / "credentials"
     added = subprocess.run(
         [sys.executable, "-m", "serving.http_auth", "add", "--file", str(credentials), "--user", "teacher"],
-        cwd=REPO_ROOT, input="ward round 2026\n", capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        input="ward round 2026\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert added.returncode == 0, added.stderr
     guarded = start_server(tmp_path / "logs", env={"AUTH_FILE": str(credentials)})
     try:
@@ -254,9 +277,13 @@ def test_login_is_off_by_default_and_on_with_a_private_credentials_file(tmp_path
     os.chmod(credentials, 0o644)
     port = free_port()
     refused = subprocess.run(
-        [sys.executable, "app.py", "--port", str(port)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "app.py", "--port", str(port)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "AUTH_FILE": str(credentials), "LOG_DIR": str(tmp_path / "logs2")},
-    )  # fmt: skip
+    )
     assert refused.returncode == 2 and "chmod 600" in refused.stderr
 
 

@@ -73,10 +73,13 @@ class TRTInference(InferenceBackend):
         self.image_token_id = self.text.image_token_id
         logger.info(
             "loaded engine bundle %s (%s, %s) with %s in %.1f s%s",
-            self.bundle_dir, manifest["model"]["id"], manifest["precision"], self.executor.name,
+            self.bundle_dir,
+            manifest["model"]["id"],
+            manifest["precision"],
+            self.executor.name,
             time.perf_counter() - started,
             " -- DEMO MODEL WITH RANDOM WEIGHTS: answers mean nothing" if manifest["model"].get("is_demo") else "",
-        )  # fmt: skip
+        )
 
     def _open_executor(self, choice: str, sequence_slots: int):
         manifest = self.manifest

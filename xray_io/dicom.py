@@ -79,9 +79,14 @@ def read_dicom(data: bytes, *, max_pixels: int, has_preamble: bool = True) -> Ra
     source = f"DICOM {header.modality}, {header.syntax_name}, {header.bits_stored}-bit {header.photometric}"
     logger.info(
         "decoded DICOM: modality=%s syntax=%s size=%dx%d bits=%d photometric=%s view=%s",
-        header.modality, header.syntax_name, film.shape[1], film.shape[0], header.bits_stored, header.photometric,
+        header.modality,
+        header.syntax_name,
+        film.shape[1],
+        film.shape[0],
+        header.bits_stored,
+        header.photometric,
         view or "unknown",
-    )  # fmt: skip
+    )
     return Radiograph(pixels=film, source=source, warnings=tuple(warnings), view_position=view)
 
 

@@ -15,11 +15,18 @@ COMMON = ["film_id", "file", "task", "status", "error_class", "error_message", "
 GENERATION = ["new_tokens", "seconds", "tokens_per_s", "finish_reason", "confidence", "confidence_min", "lowest_span"]
 GROUPS = {
     "features": ["shard", "row"],
-    "report": [*GENERATION, *(f.key for f in REPORT_FIELDS), *(f"{f.key}_confidence" for f in REPORT_FIELDS),
-               "unfilled", "report_json", "report_markdown", "text"],
+    "report": [
+        *GENERATION,
+        *(f.key for f in REPORT_FIELDS),
+        *(f"{f.key}_confidence" for f in REPORT_FIELDS),
+        "unfilled",
+        "report_json",
+        "report_markdown",
+        "text",
+    ],
     "qa": ["question_index", "question", "answer", *GENERATION],
     "dicom-to-png": ["reason", "png", "view", "modality", "rows", "columns", "transfer_syntax"],
-}  # fmt: skip
+}
 
 
 def _number(value, digits: int = 4):
@@ -65,16 +72,21 @@ def record_rows(record: dict) -> list[dict]:
         for spec in REPORT_FIELDS:
             row[f"{spec.key}_confidence"] = _number((confidence.get(spec.key) or {}).get("mean_probability"))
         exports = result.get("exports", {})
-        row.update(unfilled=" ".join(result.get("unfilled", [])), report_json=exports.get("json", ""),
-                   report_markdown=exports.get("markdown", ""), text=result.get("text", ""))  # fmt: skip
+        row.update(
+            unfilled=" ".join(result.get("unfilled", [])),
+            report_json=exports.get("json", ""),
+            report_markdown=exports.get("markdown", ""),
+            text=result.get("text", ""),
+        )
         return [row]
     if task == "qa" and result.get("answers"):
         rows = []
         for answer in result["answers"]:
             row = {**base, "question_index": answer["index"], "question": answer["question"]}
             if "error" in answer:
-                row.update(status="error", error_class=answer["error"]["class"],
-                           error_message=answer["error"]["message"])  # fmt: skip
+                row.update(
+                    status="error", error_class=answer["error"]["class"], error_message=answer["error"]["message"]
+                )
             else:
                 row.update(answer=answer["answer"], **_generation_cells(answer))
             rows.append(row)

@@ -161,8 +161,9 @@ class _Run:
                 record.update(status="skipped", reason="not a DICOM file")
             else:
                 radiograph = load_radiograph(film.path, filename=self.display_name(film))
-                record.update(status="ok", result=conversion_result(film.path, film.film_id, radiograph,
-                                                                    self.plan.output_dir))  # fmt: skip
+                record.update(
+                    status="ok", result=conversion_result(film.path, film.film_id, radiograph, self.plan.output_dir)
+                )
         except Exception as exc:
             self.fail(film, ["dicom-to-png"], exc)
             return
@@ -222,8 +223,17 @@ class _Run:
             if qa_span is not None:
                 answers = outcomes[qa_span]
                 self._count_tokens(answers)
-                self.append(qa_record(film, self.plan.record_names, about, list(self.plan.questions), answers,
-                                      self.plan.questions_sha256, self.backend_label))  # fmt: skip
+                self.append(
+                    qa_record(
+                        film,
+                        self.plan.record_names,
+                        about,
+                        list(self.plan.questions),
+                        answers,
+                        self.plan.questions_sha256,
+                        self.backend_label,
+                    )
+                )
 
     def _report(self, film: FilmFile, about: dict, outcome) -> None:
         self._count_tokens([outcome])
@@ -232,8 +242,9 @@ class _Run:
             return
         try:
             text, stats = outcome
-            record = report_record(film, self.plan.record_names, about, text, stats, self.plan.output_dir,
-                                   self.backend_label)  # fmt: skip
+            record = report_record(
+                film, self.plan.record_names, about, text, stats, self.plan.output_dir, self.backend_label
+            )
         except Exception as exc:
             self.fail(film, ["report"], exc, about)
         else:
@@ -258,8 +269,9 @@ def _check_questions(plan: BatchPlan, journal: Journal) -> None:
         )
 
 
-def run_batch(plan: BatchPlan, backend=None, run_requests: RunRequests | None = None,
-              progress: bool = True) -> BatchSummary:  # fmt: skip
+def run_batch(
+    plan: BatchPlan, backend=None, run_requests: RunRequests | None = None, progress: bool = True
+) -> BatchSummary:
     """Run the plan's tasks on every film under plan.input_dir not yet done in plan.output_dir."""
     from tqdm import tqdm
 
@@ -276,8 +288,16 @@ def run_batch(plan: BatchPlan, backend=None, run_requests: RunRequests | None = 
         summary = run.summary
         summary.films, summary.already_done = len(films), len(films) - len(pending)
         logger.info("batch: %d films, %d already done, tasks %s", len(films), summary.already_done, plan.tasks)
-        bar = tqdm(total=len(films), initial=summary.already_done, unit=" films", file=sys.stderr,
-                   disable=not progress, dynamic_ncols=True, smoothing=0.3, bar_format=BAR_FORMAT)  # fmt: skip
+        bar = tqdm(
+            total=len(films),
+            initial=summary.already_done,
+            unit=" films",
+            file=sys.stderr,
+            disable=not progress,
+            dynamic_ncols=True,
+            smoothing=0.3,
+            bar_format=BAR_FORMAT,
+        )
         try:
             for start in range(0, len(pending), max(1, plan.batch_size)):
                 chunk = pending[start : start + plan.batch_size]

@@ -95,9 +95,14 @@ def report_record(
 
 
 def qa_record(
-    film: FilmFile, record_names: bool, about: dict, questions: list[str], outcomes: list, questions_sha: str,
+    film: FilmFile,
+    record_names: bool,
+    about: dict,
+    questions: list[str],
+    outcomes: list,
+    questions_sha: str,
     backend: str,
-) -> dict:  # fmt: skip
+) -> dict:
     """One record for all the questions on a film; it fails as a whole if any question failed (a resume redoes it
     with --retry_failed), and keeps the answers that did come back."""
     answers, failures = [], []

@@ -34,9 +34,13 @@ def make_standin_bundle(source: Path, target: Path, gpu_name: str, compute_capab
         plan.write_bytes(encode_plan(graph, profiles[graph].shapes, onnx_path.read_bytes()))
         entry["engine"] = f"engines/{graph}.plan"
     manifest["tensorrt"] = {
-        "target": "tensorrt", "version": STANDIN_VERSION, "gpu_name": gpu_name, "compute_capability": compute_capability,
-        "hardware_compatibility": "NONE", "standin": "devtools.trt_standins: ONNX Runtime behind TensorRT's runtime API",
-    }  # fmt: skip
+        "target": "tensorrt",
+        "version": STANDIN_VERSION,
+        "gpu_name": gpu_name,
+        "compute_capability": compute_capability,
+        "hardware_compatibility": "NONE",
+        "standin": "devtools.trt_standins: ONNX Runtime behind TensorRT's runtime API",
+    }
     write_manifest(target, seal(target, manifest))
     return target
 

@@ -232,10 +232,12 @@ class HostCudaRuntime:
             if width > dpitch or width > spitch:
                 raise StandinMemoryError(f"width {width} exceeds a pitch ({dpitch}, {spitch})")
             rows = [
-                (self._resolve(int(dst) + row * dpitch, width, dst_device),
-                 self._resolve(int(src) + row * spitch, width, src_device))
+                (
+                    self._resolve(int(dst) + row * dpitch, width, dst_device),
+                    self._resolve(int(src) + row * spitch, width, src_device),
+                )
                 for row in range(int(height))
-            ]  # fmt: skip
+            ]
             if dst_device and src_device:
                 self._refuse_overlap(int(dst), dpitch, int(src), spitch, width, int(height))
         except StandinMemoryError as exc:

@@ -56,8 +56,13 @@ class DataType(enum.Enum):
     INT64 = 8
 
 
-ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16), 7: (DataType.INT64, np.int64),
-              6: (DataType.INT32, np.int32), 9: (DataType.BOOL, np.bool_)}  # fmt: skip
+ONNX_TYPES = {
+    1: (DataType.FLOAT, np.float32),
+    10: (DataType.HALF, np.float16),
+    7: (DataType.INT64, np.int64),
+    6: (DataType.INT32, np.int32),
+    9: (DataType.BOOL, np.bool_),
+}
 
 
 def encode_plan(graph: str, profile: dict, onnx_bytes: bytes) -> bytes:
@@ -70,8 +75,9 @@ class _Tensor:
         tensor_type = value_info.type.tensor_type
         self.name, self.mode = value_info.name, mode
         self.dtype, self.numpy = ONNX_TYPES[tensor_type.elem_type]
-        self.dims = [(d.dim_param or None) if not d.HasField("dim_value") else int(d.dim_value)
-                     for d in tensor_type.shape.dim]  # fmt: skip
+        self.dims = [
+            (d.dim_param or None) if not d.HasField("dim_value") else int(d.dim_value) for d in tensor_type.shape.dim
+        ]
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -54,8 +54,14 @@ def test_failures_of_any_type_are_recorded_per_film_and_task_and_the_run_goes_on
             outcomes[0] = KeyError("injected")
         return outcomes
 
-    plan = BatchPlan(films, tmp_path / "out", ("features", "report", "qa"), questions=("Any effusion?",),
-                     max_new_tokens=3, batch_size=2)  # fmt: skip
+    plan = BatchPlan(
+        films,
+        tmp_path / "out",
+        ("features", "report", "qa"),
+        questions=("Any effusion?",),
+        max_new_tokens=3,
+        batch_size=2,
+    )
     summary = run_batch(plan, backend, run_requests, progress=False)
     assert calls == [4, 4]  # two films in flight per call: report + one question each
     with Journal.open(plan.output_dir) as journal:
@@ -94,8 +100,9 @@ def test_qa_needs_questions_and_a_resume_refuses_other_questions(tmp_path, backe
     (films / "a.png").write_bytes(png_bytes(quantize(chest_phantom(256, 224, seed=1), 8)))
     with pytest.raises(BatchUsageError, match="needs questions"):
         run_batch(BatchPlan(films, tmp_path / "out", ("qa",)), backend, progress=False)
-    run_batch(BatchPlan(films, tmp_path / "out", ("qa",), questions=("One?",), max_new_tokens=2), backend,
-              progress=False)  # fmt: skip
+    run_batch(
+        BatchPlan(films, tmp_path / "out", ("qa",), questions=("One?",), max_new_tokens=2), backend, progress=False
+    )
     with pytest.raises(BatchUsageError, match="different questions file"):
         run_batch(BatchPlan(films, tmp_path / "out", ("qa",), questions=("Two?",)), backend, progress=False)
 
@@ -114,10 +121,18 @@ def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, demo_m
     scheduler = Scheduler(backend, max_active=9, max_waiting=9)
     try:
         results = {}
-        for name, run_requests in (("one_by_one", sequential_requests(backend)),
-                                   ("scheduled", scheduled_requests(scheduler))):  # fmt: skip
-            plan = BatchPlan(films, tmp_path / name, ("report", "qa"), questions=("Effusion?", "Heart size?"),
-                             max_new_tokens=5, batch_size=3)  # fmt: skip
+        for name, run_requests in (
+            ("one_by_one", sequential_requests(backend)),
+            ("scheduled", scheduled_requests(scheduler)),
+        ):
+            plan = BatchPlan(
+                films,
+                tmp_path / name,
+                ("report", "qa"),
+                questions=("Effusion?", "Heart size?"),
+                max_new_tokens=5,
+                batch_size=3,
+            )
             summary = run_batch(plan, backend, run_requests, progress=False)
             assert summary.failed_films == 0 and summary.new_tokens == 3 * 3 * 5
             with Journal.open(plan.output_dir) as journal:

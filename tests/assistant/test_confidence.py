@@ -85,9 +85,15 @@ def test_logprobs_within_1e_4_give_confidences_within_1e_4(logprobs, noise):
 
 
 def test_answer_details_show_tokens_latency_speed_and_confidence():
-    stats = GenerationStats(new_tokens=4, first_token_s=0.1, total_s=2.0, finish_reason="length",
-                            token_ids=[5, 6, 7, 8], token_logprobs=[LOG(0.9), LOG(0.9), LOG(0.1), LOG(0.9)],
-                            token_texts=["No", " effusion", " `x`", "."])  # fmt: skip
+    stats = GenerationStats(
+        new_tokens=4,
+        first_token_s=0.1,
+        total_s=2.0,
+        finish_reason="length",
+        token_ids=[5, 6, 7, 8],
+        token_logprobs=[LOG(0.9), LOG(0.9), LOG(0.1), LOG(0.9)],
+        token_texts=["No", " effusion", " `x`", "."],
+    )
     text = answer_details_markdown(stats)
     assert text.startswith("**4 tokens** · 2.00 s (first token 0.10 s) · 2.0 tokens/s · stopped at the token limit")
     expected = 0.9**0.75 * 0.1**0.25

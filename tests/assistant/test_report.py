@@ -113,8 +113,14 @@ def test_never_raises_on_label_like_noise(text):
 VALUES = st.text(alphabet="abcdefghij klmnop 0123456789.,()", min_size=1, max_size=40).filter(
     lambda value: value.strip(" .,")
 )
-STYLES = ("{label}: {value}", "**{label}:** {value}", "{upper}: {value}", "- **{label}**: {value}",
-          "## {label}\n{value}", "{label} - {value}")  # fmt: skip
+STYLES = (
+    "{label}: {value}",
+    "**{label}:** {value}",
+    "{upper}: {value}",
+    "- **{label}**: {value}",
+    "## {label}\n{value}",
+    "{label} - {value}",
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -29,8 +29,21 @@ def previous_bundle(fp32_bundle, tmp_path):
 
 
 def build_args(demo_model_dir, films, out, *extra) -> list[str]:
-    return ["--model_path", str(demo_model_dir), "--calib_images", str(films), "--output_path", str(out),
-            "--target", "none", "--max_seq_len", "1024", "--max_batch", "2", *extra]  # fmt: skip
+    return [
+        "--model_path",
+        str(demo_model_dir),
+        "--calib_images",
+        str(films),
+        "--output_path",
+        str(out),
+        "--target",
+        "none",
+        "--max_seq_len",
+        "1024",
+        "--max_batch",
+        "2",
+        *extra,
+    ]
 
 
 def test_an_existing_output_is_refused_without_overwrite(demo_model_dir, synthetic_films, previous_bundle):
@@ -44,8 +57,19 @@ def test_an_existing_output_is_refused_without_overwrite(demo_model_dir, synthet
 
 def test_a_failed_build_leaves_the_previous_bundle_byte_identical(demo_model_dir, synthetic_films, previous_bundle):
     before = snapshot(previous_bundle)
-    result = run_optimizer(*build_args(demo_model_dir, synthetic_films, previous_bundle, "--allow_few_films",
-                                       "--overwrite", "--precision", "int8", "--min_cosine", "0.9999999"))  # fmt: skip
+    result = run_optimizer(
+        *build_args(
+            demo_model_dir,
+            synthetic_films,
+            previous_bundle,
+            "--allow_few_films",
+            "--overwrite",
+            "--precision",
+            "int8",
+            "--min_cosine",
+            "0.9999999",
+        )
+    )
     assert result.returncode == 1
     assert "precision regression: image embedding cosine" in result.stderr and "left as it was" in result.stderr
     assert snapshot(previous_bundle) == before
@@ -66,9 +90,11 @@ def test_too_few_real_films_are_refused_and_unreadable_ones_named(demo_model_dir
 
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
-    [("--max_seq_len", "100", "--max_seq_len 100 is out of range: one film takes 256 tokens"),
-     ("--max_batch", "0", "--max_batch 0 is out of range")],
-)  # fmt: skip
+    [
+        ("--max_seq_len", "100", "--max_seq_len 100 is out of range: one film takes 256 tokens"),
+        ("--max_batch", "0", "--max_batch 0 is out of range"),
+    ],
+)
 def test_shapes_are_checked_before_any_work(demo_model_dir, synthetic_films, tmp_path, flag, value, message):
     args = build_args(demo_model_dir, synthetic_films, tmp_path / "out", "--allow_few_films")
     args[args.index(flag) + 1] = value

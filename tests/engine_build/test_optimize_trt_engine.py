@@ -46,8 +46,16 @@ def test_a_successful_build_logs_no_error_and_a_self_consistent_profile(int8_bun
 def test_the_decoder_profile_satisfies_past_plus_new_equals_total():
     from engine_build.builder import graph_profiles
 
-    shapes = {"max_batch": 2, "image_size": 896, "hidden": 128, "image_tokens": 256, "max_sequence": 1024,
-              "kv_heads": 2, "head_dim": 32, "layers": 2}  # fmt: skip
+    shapes = {
+        "max_batch": 2,
+        "image_size": 896,
+        "hidden": 128,
+        "image_tokens": 256,
+        "max_sequence": 1024,
+        "kv_heads": 2,
+        "head_dim": 32,
+        "layers": 2,
+    }
     decoder = graph_profiles(shapes)["decoder"].shapes
     for level in range(3):  # kMIN, kOPT, kMAX
         new, past = decoder["inputs_embeds"][level][1], decoder["past_key_0"][level][2]

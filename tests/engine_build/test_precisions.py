@@ -15,9 +15,24 @@ FP16, FP32 = 10, 1
 
 
 def build_args(demo_model_dir, films, out, precision, *extra) -> list[str]:
-    return ["--model_path", str(demo_model_dir), "--calib_images", str(films), "--output_path", str(out),
-            "--precision", precision, "--max_seq_len", "512", "--max_batch", "2", "--allow_few_films",
-            "--verify_tokens", "8", *extra]  # fmt: skip
+    return [
+        "--model_path",
+        str(demo_model_dir),
+        "--calib_images",
+        str(films),
+        "--output_path",
+        str(out),
+        "--precision",
+        precision,
+        "--max_seq_len",
+        "512",
+        "--max_batch",
+        "2",
+        "--allow_few_films",
+        "--verify_tokens",
+        "8",
+        *extra,
+    ]
 
 
 def node_types(path):
@@ -25,11 +40,14 @@ def node_types(path):
     import onnx
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(path)))
-    types = {v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input,
-                                                              *model.graph.output]}  # fmt: skip
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]
+    }
     types.update({init.name: init.data_type for init in model.graph.initializer})
-    return {node.name: (node.op_type, {types.get(name) for name in [*node.input, *node.output] if name})
-            for node in model.graph.node}  # fmt: skip
+    return {
+        node.name: (node.op_type, {types.get(name) for name in [*node.input, *node.output] if name})
+        for node in model.graph.node
+    }
 
 
 def test_fp16_finishes_on_cpu_with_fp32_norms_softmax_and_lm_head(demo_model_dir, synthetic_films, tmp_path):
@@ -44,8 +62,11 @@ def test_fp16_finishes_on_cpu_with_fp32_norms_softmax_and_lm_head(demo_model_dir
         nodes = node_types(out / "onnx" / "fp16" / f"{graph}.onnx")
         # Compute nodes only: AutoCast's own Casts sit at the fp16/fp32 boundary (and the demo's exporter shares
         # identical norm weights with fp16 layers, so those arrive through a cast to fp32).
-        kept = {name: types for name, (op, types) in nodes.items() if op != "Cast"
-                and ("norm" in name or "lm_head" in name or op in ("Softmax", "LayerNormalization"))}  # fmt: skip
+        kept = {
+            name: types
+            for name, (op, types) in nodes.items()
+            if op != "Cast" and ("norm" in name or "lm_head" in name or op in ("Softmax", "LayerNormalization"))
+        }
         assert kept and all(FP16 not in types for types in kept.values()), [n for n, t in kept.items() if FP16 in t]
         assert sum(1 for op, types in nodes.values() if op == "MatMul" and FP16 in types) >= 4, graph  # converted
         softmax = [types for op, types in nodes.values() if op == "Softmax"]
@@ -66,10 +87,12 @@ def test_bf16_is_refused_before_export_where_nothing_can_run_it(demo_model_dir, 
 
 @pytest.mark.parametrize(
     ("target_args", "message"),
-    [(["--target", "tensorrt-rtx", "--compute_capabilities", "SM80,SM86"], "fp8 cannot run on SM80, SM86"),
-     (["--target", "tensorrt-rtx", "--compute_capabilities", "SM80"], "FP8 needs compute capability 8.9 or newer"),
-     (["--target", "tensorrt"], "--target tensorrt")],
-)  # fmt: skip
+    [
+        (["--target", "tensorrt-rtx", "--compute_capabilities", "SM80,SM86"], "fp8 cannot run on SM80, SM86"),
+        (["--target", "tensorrt-rtx", "--compute_capabilities", "SM80"], "FP8 needs compute capability 8.9 or newer"),
+        (["--target", "tensorrt"], "--target tensorrt"),
+    ],
+)
 def test_fp8_is_refused_in_under_5_s_for_targets_that_cannot_run_it(
     demo_model_dir, synthetic_films, tmp_path, target_args, message
 ):

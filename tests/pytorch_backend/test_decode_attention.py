@@ -85,12 +85,28 @@ def test_triton_kernels_compile_for_the_h200():
 
     kernels = _kernels()
     strides = ["q_b", "q_h", "q_d", "c_s", "c_h", "c_n", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
-    partial = {"q": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "slots": "*i64", "lengths": "*i64",
-               "partial": "*fp32", "lse": "*fp32", **dict.fromkeys(strides, "i32"), "scale": "fp32", "window": "i32",
-               "group": "i32", "splits": "i32", **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H"), "constexpr")}  # fmt: skip
-    merge = {"partial": "*fp32", "lse": "*fp32", "out": "*bf16",
-             **dict.fromkeys(["p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s", "o_b", "o_h", "o_d", "splits"], "i32"),
-             **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_S"), "constexpr")}  # fmt: skip
+    partial = {
+        "q": "*bf16",
+        "k_cache": "*bf16",
+        "v_cache": "*bf16",
+        "slots": "*i64",
+        "lengths": "*i64",
+        "partial": "*fp32",
+        "lse": "*fp32",
+        **dict.fromkeys(strides, "i32"),
+        "scale": "fp32",
+        "window": "i32",
+        "group": "i32",
+        "splits": "i32",
+        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H"), "constexpr"),
+    }
+    merge = {
+        "partial": "*fp32",
+        "lse": "*fp32",
+        "out": "*bf16",
+        **dict.fromkeys(["p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s", "o_b", "o_h", "o_d", "splits"], "i32"),
+        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_S"), "constexpr"),
+    }
     target = GPUTarget("cuda", 90, 32)
     sizes = {"DIM": 256, "BLOCK_DIM": 256, "BLOCK_N": BLOCK_N, "BLOCK_H": BLOCK_H}
     compiled = triton.compile(ASTSource(fn=kernels.partial, signature=partial, constexprs=sizes), target=target)

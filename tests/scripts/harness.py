@@ -31,18 +31,22 @@ class Operator:
     def run(self, script: str, *args: str, timeout: int = 300, user: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             self.command(script, *args, user=user),
-            cwd="/",
+            cwd="/",  # the scripts must work from any working directory
             env=self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
-        )  # fmt: skip  (cwd="/": the scripts must work from any working directory)
+        )
 
     def popen(self, script: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen(
-            self.command(script, *args), cwd="/", env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            self.command(script, *args),
+            cwd="/",
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
 
     @property
     def pid_file(self) -> Path:
@@ -94,8 +98,12 @@ def make_portable_checkout(target: Path) -> Path:
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     if not system_python.exists():
         raise RuntimeError("no /usr/bin/python3 to build a venv any user can run")
-    probe = subprocess.run([str(system_python), "-c", "import sys; print(sys.version_info[:2])"],
-                           capture_output=True, text=True, check=True)  # fmt: skip
+    probe = subprocess.run(
+        [str(system_python), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     if probe.stdout.strip() != str(tuple(sys.version_info[:2])):
         raise RuntimeError(f"/usr/bin/python3 is {probe.stdout.strip()}, the project venv {version}")
     ignore = shutil.ignore_patterns(".git", ".venv", "models", "logs", "test-artifacts", "__pycache__", ".*_cache")

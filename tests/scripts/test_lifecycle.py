@@ -104,16 +104,22 @@ def test_readiness_probe_accepts_only_its_own_instance(demo_server):
     def probe(expected: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "serving.readiness", "--url", demo_server.url, "--instance", expected],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
 
     assert probe(instance).returncode == 0
     other = probe("0123456789abcdef")
     assert other.returncode == 2 and f"instance {instance}" in other.stdout
     nobody = subprocess.run(
         [sys.executable, "-m", "serving.readiness", "--url", f"http://127.0.0.1:{free_port()}", "--instance", "x"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert nobody.returncode == 1
 
 
@@ -193,9 +199,13 @@ def test_stale_pid_file_socket_and_token_are_removed(tmp_path):
 def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_path):
     def setting(**env: str) -> str:
         return subprocess.run(
-            [sys.executable, "-m", "serving.settings", "get", "drain_timeout_s"], cwd=REPO_ROOT,
-            env={**os.environ, **env}, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
+            [sys.executable, "-m", "serving.settings", "get", "drain_timeout_s"],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
 
     from serving.settings import Settings
 

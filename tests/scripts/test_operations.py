@@ -46,9 +46,16 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
 
         status = op.run("status_gradio.sh")
         assert status.returncode == 0
-        for line in ("Inference Mode: PyTorch", "TRT Engine: Not loaded", "Executor: transformers",
-                     "Model: medgemma-xray-demo (random weights)", "Device: cpu", f"PID {pid}",
-                     "Circuit breaker: closed", "Last switch: none"):  # fmt: skip
+        for line in (
+            "Inference Mode: PyTorch",
+            "TRT Engine: Not loaded",
+            "Executor: transformers",
+            "Model: medgemma-xray-demo (random weights)",
+            "Device: cpu",
+            f"PID {pid}",
+            "Circuit breaker: closed",
+            "Last switch: none",
+        ):
             assert line in status.stdout, status.stdout
 
         switched = op.run("switch_to_trt.sh")
@@ -125,8 +132,9 @@ def test_second_start_refused_and_recovery_after_kill_9(tmp_path):
 
 def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
     """8 clients ask without pause while the mode flips 10 times; both backends stay loaded."""
-    op = Operator(tmp_path / "logs", free_port(), KEEP_BOTH_BACKENDS="1", MAX_NEW_TOKENS="8",
-                  GENERATION_CONCURRENCY="8")  # fmt: skip
+    op = Operator(
+        tmp_path / "logs", free_port(), KEEP_BOTH_BACKENDS="1", MAX_NEW_TOKENS="8", GENERATION_CONCURRENCY="8"
+    )
     stop, switching = threading.Event(), threading.Event()
     results = {"ok": 0, "failed": [], "latency": {"baseline": [], "switching": []}}
     lock = threading.Lock()
@@ -174,9 +182,11 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
         observed = {
             phase: (statistics.median(values), max(values)) for phase, values in results["latency"].items() if values
         }
-        print(f"\nswitches under load: 10, requests answered {results['ok']}, failed {len(results['failed'])}, "
-              f"server-measured max interruption {max(interruptions):.3f} ms; client latency median/max (s): "
-              f"{ {k: (round(a, 3), round(b, 3)) for k, (a, b) in observed.items()} }")  # fmt: skip
+        print(
+            f"\nswitches under load: 10, requests answered {results['ok']}, failed {len(results['failed'])}, "
+            f"server-measured max interruption {max(interruptions):.3f} ms; client latency median/max (s): "
+            f"{ {k: (round(a, 3), round(b, 3)) for k, (a, b) in observed.items()} }"
+        )
         assert results["failed"] == []
         assert results["ok"] >= 16
         assert max(interruptions) < 200
@@ -195,13 +205,31 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
     env.update({"LOG_DIR": str(log_dir), "MAX_NEW_TOKENS": "8", "TEST_TRT_FAULTS": "5"})
     log_dir.mkdir(parents=True)
     server = subprocess.Popen(
-        [str(REPO_ROOT / ".venv" / "bin" / "python"), "tests/support/faulty_server.py", "--mode", "trt",
-         "--engine_path", str(int8_bundle), "--port", str(port), "--log_file", str(log_dir / "gradio_app.log")],
-        cwd=REPO_ROOT, env=env, stdout=open(log_dir / "console.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )  # fmt: skip
+        [
+            str(REPO_ROOT / ".venv" / "bin" / "python"),
+            "tests/support/faulty_server.py",
+            "--mode",
+            "trt",
+            "--engine_path",
+            str(int8_bundle),
+            "--port",
+            str(port),
+            "--log_file",
+            str(log_dir / "gradio_app.log"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=open(log_dir / "console.log", "ab"),  # noqa: SIM115 (closed with the process)
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
-    control = [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "serving.control_cli",
-               "--socket", str(log_dir / "control.sock")]  # fmt: skip
+    control = [
+        str(REPO_ROOT / ".venv" / "bin" / "python"),
+        "-m",
+        "serving.control_cli",
+        "--socket",
+        str(log_dir / "control.sock"),
+    ]
 
     def status_text() -> str:
         return subprocess.run([*control, "status"], cwd=REPO_ROOT, capture_output=True, text=True).stdout

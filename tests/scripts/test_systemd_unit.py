@@ -68,8 +68,17 @@ def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(portable_che
     log_dir = portable_checkout / f"logs-{service_user}"
     unit = tmp_path / "medgemma-xray.service"
     no_env_file = tmp_path / "absent-env-file"
-    result = install(portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--no-gpu",
-                     "--env-file", str(no_env_file))  # fmt: skip
+    result = install(
+        portable_checkout,
+        log_dir,
+        "--user",
+        service_user,
+        "--output",
+        str(unit),
+        "--no-gpu",
+        "--env-file",
+        str(no_env_file),
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"created system user {service_user}" in result.stdout
 
@@ -81,14 +90,24 @@ def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(portable_che
 
     unit_settings = directives(unit)
     expected = {
-        "User": [service_user], "Type": ["notify"], "NotifyAccess": ["main"], "NoNewPrivileges": ["yes"],
-        "ProtectSystem": ["strict"], "ReadWritePaths": [str(log_dir)], "ProtectHome": ["yes"],
-        "PrivateTmp": ["yes"], "UMask": ["0077"], "CapabilityBoundingSet": [""], "Restart": ["on-failure"],
+        "User": [service_user],
+        "Type": ["notify"],
+        "NotifyAccess": ["main"],
+        "NoNewPrivileges": ["yes"],
+        "ProtectSystem": ["strict"],
+        "ReadWritePaths": [str(log_dir)],
+        "ProtectHome": ["yes"],
+        "PrivateTmp": ["yes"],
+        "UMask": ["0077"],
+        "CapabilityBoundingSet": [""],
+        "Restart": ["on-failure"],
         "ExecStart": [f"{portable_checkout}/scripts/start_gradio.sh --foreground"],
         "ExecStop": [f"{portable_checkout}/scripts/stop_gradio.sh"],
-        "EnvironmentFile": [f"-{no_env_file}"], "CacheDirectory": ["medgemma-xray"],
-        "PrivateDevices": ["yes"], "IPAddressDeny": ["any"],
-    }  # fmt: skip
+        "EnvironmentFile": [f"-{no_env_file}"],
+        "CacheDirectory": ["medgemma-xray"],
+        "PrivateDevices": ["yes"],
+        "IPAddressDeny": ["any"],
+    }
     for key, value in expected.items():
         assert unit_settings.get(key) == value, (key, unit_settings.get(key))
     no_restart = unit_settings["RestartPreventExitStatus"][0].split()
@@ -127,8 +146,9 @@ def test_unit_follows_the_environment_files_drain_timeout_and_host(portable_chec
     env_file.write_text("# site settings\nDRAIN_TIMEOUT_S=300\nHOST='0.0.0.0'\n")
     unit = tmp_path / "site.service"
     log_dir = portable_checkout / f"logs-{service_user}"
-    result = install(portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file",
-                     str(env_file))  # fmt: skip
+    result = install(
+        portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+    )
     assert result.returncode == 0, result.stderr
     unit_settings = directives(unit)
     assert unit_settings["TimeoutStopSec"] == ["330"]
@@ -136,8 +156,9 @@ def test_unit_follows_the_environment_files_drain_timeout_and_host(portable_chec
 
 
 def test_installer_refuses_root_and_paths_the_sandbox_hides(portable_checkout, tmp_path):
-    as_root = install(portable_checkout, portable_checkout / "logs-root", "--user", "root", "--output",
-                      str(tmp_path / "root.service"))  # fmt: skip
+    as_root = install(
+        portable_checkout, portable_checkout / "logs-root", "--user", "root", "--output", str(tmp_path / "root.service")
+    )
     assert as_root.returncode == 1 and "refusing to run the service as root" in as_root.stderr
     in_tmp = install(portable_checkout, tmp_path / "logs", "--user", "nobody", "--output", str(tmp_path / "t.service"))
     assert in_tmp.returncode == 1 and "PrivateTmp=yes" in in_tmp.stderr
@@ -154,8 +175,11 @@ def test_notify_sends_ready_only_once_listening_and_stopping_on_sigterm(demo_mod
     env.update({"LOG_DIR": str(folder / "logs"), "NOTIFY_SOCKET": str(folder / "notify")})
     server = subprocess.Popen(
         [sys.executable, "app.py", "--port", str(port), "--log_file", str(folder / "logs" / "app.log")],
-        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         message = channel.recv(4096).decode()
         assert message.splitlines()[0] == "READY=1" and "STATUS=serving" in message

@@ -51,8 +51,11 @@ def named_path_outcome(tmp_path, launched: bool) -> str:
     cache.mkdir()
     result = subprocess.run(
         [sys.executable, "-c", CHILD, str(cache), str(tmp_path), str(secret), "as-built" if launched else "unmarked"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])["events"]
 

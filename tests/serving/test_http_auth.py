@@ -16,8 +16,12 @@ from tests.conftest import REPO_ROOT
 def add_user(path, user: str, password: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "serving.http_auth", "add", "--file", str(path), "--user", user],
-        cwd=REPO_ROOT, input=password + "\n", capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        input=password + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_writes_a_private_file_of_hashes_that_checks_passwords(tmp_path):

@@ -42,13 +42,16 @@ def test_bad_values_name_the_variable_and_what_is_valid(environ, message):
 def test_the_cli_prints_what_the_environment_makes_of_a_setting():
     environment = {"PATH": "/usr/bin:/bin", "DRAIN_TIMEOUT_S": "33"}
     command = [sys.executable, "-m", "serving.settings"]
-    got = subprocess.run([*command, "get", "drain_timeout_s"], cwd=REPO_ROOT, env=environment, capture_output=True,
-                         text=True)  # fmt: skip
+    got = subprocess.run(
+        [*command, "get", "drain_timeout_s"], cwd=REPO_ROOT, env=environment, capture_output=True, text=True
+    )
     assert got.returncode == 0 and got.stdout.strip() == "33.0"
-    shown = json.loads(subprocess.run([*command, "show"], cwd=REPO_ROOT, env=environment, capture_output=True,
-                                      text=True).stdout)  # fmt: skip
+    shown = json.loads(
+        subprocess.run([*command, "show"], cwd=REPO_ROOT, env=environment, capture_output=True, text=True).stdout
+    )
     assert shown["inference_mode"] == "pytorch" and shown["drain_timeout_s"] == 33.0
-    bad = subprocess.run([*command, "get", "port"], cwd=REPO_ROOT, env={**environment, "PORT": "x"},
-                         capture_output=True, text=True)  # fmt: skip
+    bad = subprocess.run(
+        [*command, "get", "port"], cwd=REPO_ROOT, env={**environment, "PORT": "x"}, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "PORT='x'" in bad.stderr
     assert "DRAIN_TIMEOUT_S" in ISOLATED_VARIABLES  # test servers never inherit a developer's value

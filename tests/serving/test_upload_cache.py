@@ -23,9 +23,13 @@ def open_cache_in_child(path) -> subprocess.CompletedProcess:
         "sys.stdin.readline()\ncache.close()\nprint('closed', flush=True)\n"
     )
     return subprocess.Popen(
-        [sys.executable, "-c", script], cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_cache_is_private_emptied_at_open_and_close_and_held_by_one_server(tmp_path):
@@ -45,8 +49,11 @@ def test_cache_is_private_emptied_at_open_and_close_and_held_by_one_server(tmp_p
 
     second = subprocess.run(
         [sys.executable, "-c", f"from serving.upload_cache import PrivateCache\nPrivateCache.open({str(path)!r})"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert second.returncode != 0 and "another running server uses the upload cache" in second.stderr
     assert (path / "abc" / "upload.png").exists()  # the second server did not empty the first one's cache
 
@@ -68,10 +75,16 @@ def test_a_foreign_folder_is_never_emptied(tmp_path):
 
 def test_open_refuses_after_gradio_is_imported(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", "import gradio\nfrom serving.upload_cache import PrivateCache\n"
-         f"PrivateCache.open({str(tmp_path / 'c')!r})"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            f"import gradio\nfrom serving.upload_cache import PrivateCache\nPrivateCache.open({str(tmp_path / 'c')!r})",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0 and "before gradio is imported" in result.stderr
 
 

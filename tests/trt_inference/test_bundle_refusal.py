@@ -41,11 +41,21 @@ def test_an_intact_bundle_serves_and_says_what_its_accuracy_was_measured_on(bund
     details = backend.info().details
     assert details["accuracy"]["passed"] is True and details["accuracy"]["executor"] == "onnxruntime-cpu"
     assert details["accuracy_measured_on"].startswith("the bundle's ONNX graphs in ONNX Runtime on the CPU")
-    status = {"uptime_s": 1, "url": "http://127.0.0.1:1", "ready": True, "mode": "trt", "trt_engine": "Loaded",
-              "backend": asdict(backend.info()), "last_switch": None, "queue_depth": 0,
-              "breaker": {"state": "closed", "consecutive_failures": 0, "threshold": 5, "trips": 0},
-              "requests": {"requests": 0, "errors": 0}, "latency": {"p50_s": None, "p99_s": None},
-              "requests_waiting": 0, "requests_running": 0}  # fmt: skip
+    status = {
+        "uptime_s": 1,
+        "url": "http://127.0.0.1:1",
+        "ready": True,
+        "mode": "trt",
+        "trt_engine": "Loaded",
+        "backend": asdict(backend.info()),
+        "last_switch": None,
+        "queue_depth": 0,
+        "breaker": {"state": "closed", "consecutive_failures": 0, "threshold": 5, "trips": 0},
+        "requests": {"requests": 0, "errors": 0},
+        "latency": {"p50_s": None, "p99_s": None},
+        "requests_waiting": 0,
+        "requests_running": 0,
+    }
     assert "Engine accuracy measured on: the bundle's ONNX graphs in ONNX Runtime" in format_status(status, 1)
     backend.close()
 

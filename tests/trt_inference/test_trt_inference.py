@@ -150,9 +150,16 @@ def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path
 
 
 def test_engine_for_another_gpu_is_refused():
-    manifest = {"tensorrt": {"target": "tensorrt", "version": "10.13.0", "gpu_name": "NVIDIA L40S",
-                             "compute_capability": "8.9", "hardware_compatibility": "NONE"},
-                "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"}}  # fmt: skip
+    manifest = {
+        "tensorrt": {
+            "target": "tensorrt",
+            "version": "10.13.0",
+            "gpu_name": "NVIDIA L40S",
+            "compute_capability": "8.9",
+            "hardware_compatibility": "NONE",
+        },
+        "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"},
+    }
     with pytest.raises(
         ManifestError, match=r"built for compute capability 8.9 \(NVIDIA L40S\), this host has 9.0 \(NVIDIA H200\)"
     ):

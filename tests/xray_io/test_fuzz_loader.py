@@ -37,10 +37,21 @@ def seed_files() -> dict[str, bytes]:
     exif = Image.Exif()
     exif[0x0112] = 6
     Image.fromarray(quantize(film, 8)).save(exif_jpeg, format="JPEG", exif=exif)
-    files = {"png8": png_bytes(quantize(film, 8)), "png16": png_bytes(quantize(film, 16)), "jpeg": jpeg.getvalue(),
-             "jpeg-exif": exif_jpeg.getvalue()}  # fmt: skip
-    for syntax in ("explicit-vr-little-endian", "implicit-vr-little-endian", "deflated-explicit-vr-little-endian",
-                   "rle-lossless", "jpeg-ls-lossless", "jpeg-2000-lossless", "jpeg-lossless-sv1"):  # fmt: skip
+    files = {
+        "png8": png_bytes(quantize(film, 8)),
+        "png16": png_bytes(quantize(film, 16)),
+        "jpeg": jpeg.getvalue(),
+        "jpeg-exif": exif_jpeg.getvalue(),
+    }
+    for syntax in (
+        "explicit-vr-little-endian",
+        "implicit-vr-little-endian",
+        "deflated-explicit-vr-little-endian",
+        "rle-lossless",
+        "jpeg-ls-lossless",
+        "jpeg-2000-lossless",
+        "jpeg-lossless-sv1",
+    ):
         files[syntax] = dicom_bytes(quantize(film, 12), bits_stored=12, window=(2048, 4096), transfer_syntax=syntax)
     files["no-preamble"] = files["explicit-vr-little-endian"][132:]
     return files

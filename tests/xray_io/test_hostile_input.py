@@ -94,9 +94,13 @@ def test_bits_stored_above_bits_allocated_is_a_contradiction_not_truncation():
 
 @pytest.mark.parametrize(
     "photometric,shape,inverted",
-    [("MONOCHROME1", "INVERSE", True), ("MONOCHROME1", None, True), ("MONOCHROME2", "INVERSE", True),
-     ("MONOCHROME2", "IDENTITY", False)],
-)  # fmt: skip
+    [
+        ("MONOCHROME1", "INVERSE", True),
+        ("MONOCHROME1", None, True),
+        ("MONOCHROME2", "INVERSE", True),
+        ("MONOCHROME2", "IDENTITY", False),
+    ],
+)
 def test_inversion_happens_exactly_once(photometric, shape, inverted):
     """DX files pair MONOCHROME1 with Presentation LUT Shape INVERSE; both say 'low values are white'."""
     stored = quantize(FILM, 12)

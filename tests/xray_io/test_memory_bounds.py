@@ -66,18 +66,24 @@ def _jpeg(pixels) -> bytes:
 
 
 FILMS = {  # name: (file, stored bytes per pixel, a small file of the same kind to warm up on)
-    "dicom-16bit-explicit": (lambda: dicom_bytes(large_film(16), bits_stored=16, window=(30000, 60000)), 2,
-                             lambda: dicom_bytes(quantize(SMALL, 16), bits_stored=16, window=(30000, 60000))),
+    "dicom-16bit-explicit": (
+        lambda: dicom_bytes(large_film(16), bits_stored=16, window=(30000, 60000)),
+        2,
+        lambda: dicom_bytes(quantize(SMALL, 16), bits_stored=16, window=(30000, 60000)),
+    ),
     "dicom-12bit-rle-rescaled": (
-        lambda: dicom_bytes(large_film(12), bits_stored=12, transfer_syntax="rle-lossless", rescale=(2, -100)), 2,
-        lambda: dicom_bytes(quantize(SMALL, 12), bits_stored=12, transfer_syntax="rle-lossless", rescale=(2, -100))),
+        lambda: dicom_bytes(large_film(12), bits_stored=12, transfer_syntax="rle-lossless", rescale=(2, -100)),
+        2,
+        lambda: dicom_bytes(quantize(SMALL, 12), bits_stored=12, transfer_syntax="rle-lossless", rescale=(2, -100)),
+    ),
     "dicom-12bit-deflated": (
         lambda: dicom_bytes(large_film(12), bits_stored=12, transfer_syntax="deflated-explicit-vr-little-endian"),
-        2, lambda: dicom_bytes(quantize(SMALL, 12), bits_stored=12,
-                               transfer_syntax="deflated-explicit-vr-little-endian")),
+        2,
+        lambda: dicom_bytes(quantize(SMALL, 12), bits_stored=12, transfer_syntax="deflated-explicit-vr-little-endian"),
+    ),
     "png-16bit": (lambda: png_bytes(large_film(16)), 2, lambda: png_bytes(quantize(SMALL, 16))),
     "jpeg-8bit": (lambda: _jpeg(large_film(8)), 1, lambda: _jpeg(quantize(SMALL, 8))),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", sorted(FILMS))

@@ -105,8 +105,11 @@ def copy_device_to_device_2d(
     """rows x width bytes between two pitched layouts (re-packing a KV cache to a shorter length)."""
     cudart = _cudart()
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    cuda_call(cudart.cudaMemcpy2DAsync(target.pointer, target_pitch, source.pointer, source_pitch, width, rows, kind,
-                                       stream.handle))  # fmt: skip
+    cuda_call(
+        cudart.cudaMemcpy2DAsync(
+            target.pointer, target_pitch, source.pointer, source_pitch, width, rows, kind, stream.handle
+        )
+    )
 
 
 def memset_async(buffer: DeviceBuffer, value: int, nbytes: int, stream: CudaStream) -> None:

@@ -15,8 +15,13 @@ from trt_inference.runtime.slots import DEFAULT_SLOT_TIMEOUT_S, SlotPool
 
 # ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16/bf16 graphs; EXTENDED runs them. Above BASIC, ORT
 # fuses fp8 Q/DQ into MatMulIntegerToFloat, which rejects float8; BASIC runs the Q/DQ nodes as written.
-OPTIMIZATION_LEVELS = {"fp32": "ORT_ENABLE_ALL", "int8": "ORT_ENABLE_ALL", "fp16": "ORT_ENABLE_EXTENDED",
-                       "bf16": "ORT_ENABLE_EXTENDED", "fp8": "ORT_ENABLE_BASIC"}  # fmt: skip
+OPTIMIZATION_LEVELS = {
+    "fp32": "ORT_ENABLE_ALL",
+    "int8": "ORT_ENABLE_ALL",
+    "fp16": "ORT_ENABLE_EXTENDED",
+    "bf16": "ORT_ENABLE_EXTENDED",
+    "fp8": "ORT_ENABLE_BASIC",
+}
 
 
 class OnnxRuntimeExecutor:

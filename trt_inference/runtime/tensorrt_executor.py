@@ -73,8 +73,13 @@ def expected_io(graph: str, layers: int) -> dict[str, tuple[str, str]]:
         return {"pixel_values": ("INPUT", "FLOAT"), "image_embeds": ("OUTPUT", "FLOAT")}
     if graph == "embed":
         return {"input_ids": ("INPUT", "INT64"), "inputs_embeds": ("OUTPUT", "FLOAT")}
-    io = {"inputs_embeds": ("INPUT", "FLOAT"), "position_ids": ("INPUT", "INT64"), "full_mask": ("INPUT", "FLOAT"),
-          "sliding_mask": ("INPUT", "FLOAT"), "logits": ("OUTPUT", "FLOAT")}  # fmt: skip
+    io = {
+        "inputs_embeds": ("INPUT", "FLOAT"),
+        "position_ids": ("INPUT", "INT64"),
+        "full_mask": ("INPUT", "FLOAT"),
+        "sliding_mask": ("INPUT", "FLOAT"),
+        "logits": ("OUTPUT", "FLOAT"),
+    }
     for layer in range(layers):
         for kind in ("key", "value"):
             io[f"past_{kind}_{layer}"] = ("INPUT", "FLOAT")
@@ -212,9 +217,11 @@ class TensorRTExecutor:
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
         """Image embeddings; batches above the plan's max_batch run in chunks of max_batch."""
         return np.concatenate(
-            [self._vision_chunk(pixel_values[start : start + self.max_batch])
-             for start in range(0, pixel_values.shape[0], self.max_batch)]
-        )  # fmt: skip
+            [
+                self._vision_chunk(pixel_values[start : start + self.max_batch])
+                for start in range(0, pixel_values.shape[0], self.max_batch)
+            ]
+        )
 
     def _vision_chunk(self, pixel_values: np.ndarray) -> np.ndarray:
         batch = pixel_values.shape[0]
@@ -222,8 +229,11 @@ class TensorRTExecutor:
             staged = self.pixels_host.view(pixel_values.shape)
             staged[...] = pixel_values
             copy_host_to_device(self.vision_in, staged, self.stream)
-            self._execute(self.vision_context, {"pixel_values": (self.vision_in, pixel_values.shape, np.float32)},
-                          {"image_embeds": (self.vision_out, np.float32)})  # fmt: skip
+            self._execute(
+                self.vision_context,
+                {"pixel_values": (self.vision_in, pixel_values.shape, np.float32)},
+                {"image_embeds": (self.vision_out, np.float32)},
+            )
             result = self.vision_host.view((batch, self.image_tokens, self.hidden))
             copy_device_to_host(result, self.vision_out, self.stream)
             self.stream.synchronize()
@@ -236,8 +246,11 @@ class TensorRTExecutor:
             staged = self.ids_host.view(input_ids.shape)
             staged[...] = input_ids
             copy_host_to_device(self.ids_in, staged, self.stream)
-            self._execute(self.embed_context, {"input_ids": (self.ids_in, input_ids.shape, np.int64)},
-                          {"inputs_embeds": (self.embed_out, np.float32)})  # fmt: skip
+            self._execute(
+                self.embed_context,
+                {"input_ids": (self.ids_in, input_ids.shape, np.int64)},
+                {"inputs_embeds": (self.embed_out, np.float32)},
+            )
             result = self.embed_host.view((*input_ids.shape, self.hidden))
             copy_device_to_host(result, self.embed_out, self.stream)
             self.stream.synchronize()
@@ -331,10 +344,18 @@ class _TensorRTSequence:
         with e.lock:
             if not self.started:
                 self._zero_dead_slot()
-            feeds = {"inputs_embeds": (inputs_embeds, np.float32), "position_ids": (position_ids, np.int64),
-                     "full_mask": (full_mask, np.float32), "sliding_mask": (sliding_mask, np.float32)}  # fmt: skip
-            device = {"inputs_embeds": slot.embeds, "position_ids": slot.positions, "full_mask": slot.full_mask,
-                      "sliding_mask": slot.sliding_mask}  # fmt: skip
+            feeds = {
+                "inputs_embeds": (inputs_embeds, np.float32),
+                "position_ids": (position_ids, np.int64),
+                "full_mask": (full_mask, np.float32),
+                "sliding_mask": (sliding_mask, np.float32),
+            }
+            device = {
+                "inputs_embeds": slot.embeds,
+                "position_ids": slot.positions,
+                "full_mask": slot.full_mask,
+                "sliding_mask": slot.sliding_mask,
+            }
             inputs = {}
             for name, (value, dtype) in feeds.items():
                 staged = slot.host[name].view(value.shape)
@@ -369,8 +390,15 @@ class _TensorRTSequence:
         with e.lock:
             source, target = self.slot.kv[self.current], self.slot.kv[1 - self.current]
             for src, dst in zip(source, target, strict=True):
-                copy_device_to_device_2d(dst, (1 + past_length) * row, src, (1 + self.past_length) * row,
-                                         (1 + past_length) * row, e.kv_heads, e.stream)  # fmt: skip
+                copy_device_to_device_2d(
+                    dst,
+                    (1 + past_length) * row,
+                    src,
+                    (1 + self.past_length) * row,
+                    (1 + past_length) * row,
+                    e.kv_heads,
+                    e.stream,
+                )
             e.stream.synchronize()
             self.current, self.past_length = 1 - self.current, past_length
 
