@@ -8,7 +8,6 @@ hours. Here the cache is one folder per server (mode 0700, files 0600 through th
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -149,6 +148,7 @@ def _read_and_delete(path: Path) -> bytes:
     with open(path, "rb") as upload:
         data = upload.read()
     path.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):  # not empty: another upload of the same content is on its way
-        path.parent.rmdir()  # Gradio's per-upload folder, named by the content hash
+    # Gradio's per-upload folder (named by the content hash, never by the file) stays until the cache's age-based
+    # cleanup: removing it here raced Gradio's own mkdir(exist_ok=True) for a concurrent upload of the same film,
+    # which then failed with HTTP 500 (seen under the 16-client load test).
     return data
