@@ -110,6 +110,8 @@ class InferenceBackend(abc.ABC):
         self._lock = threading.RLock()
         self._resident: OrderedDict[str, Conversation] = OrderedDict()
         self.max_resident_conversations = max(0, int(max_resident_conversations))
+        # False while a backend stands by after a hot switch: it keeps no conversation's KV memory.
+        self.keep_conversations = True
         self.stop_token_ids: frozenset[int] = frozenset()
         self.image_token_id: int | None = None
         self.max_sequence: int | None = None  # longest conversation plus answer, where the backend has a limit
@@ -241,6 +243,7 @@ class InferenceBackend(abc.ABC):
                 conversation.conversation_id is not None
                 and not conversation.forgotten
                 and self.max_resident_conversations > 0
+                and self.keep_conversations
                 and not self._closed
             )
             if keep:

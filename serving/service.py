@@ -235,6 +235,8 @@ class InferenceService:
             with self._state:  # waits are measured over the whole switch, load included
                 self._switch_started, self._switch_max_wait = load_started, 0.0
                 served = self._standby.pop(target, None)
+            if served is not None:
+                served.backend.keep_conversations = True
             try:
                 if served is None:
                     try:
@@ -273,6 +275,9 @@ class InferenceService:
         if served is None:
             return
         if served.mode is Mode.PYTORCH or self.settings.keep_both_backends:
+            # A standby keeps no conversation's KV state: the cache belongs to the backend that serves.
+            served.backend.keep_conversations = False
+            served.backend.forget_all()
             with self._state:
                 replaced = self._standby.get(served.mode)
                 self._standby[served.mode] = served

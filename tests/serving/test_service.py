@@ -29,8 +29,10 @@ def make_service(tmp_path, bundle, **overrides) -> InferenceService:
     return service
 
 
-def test_a_running_answer_finishes_on_the_old_backend(tmp_path, int8_bundle, image):
-    service = make_service(tmp_path, int8_bundle)
+@pytest.mark.parametrize("torch_path", ["eager", "fast"])
+def test_a_running_answer_finishes_on_the_old_backend(tmp_path, int8_bundle, image, torch_path):
+    """Both PyTorch paths (the fast one warms up in the switch's load, while requests flow)."""
+    service = make_service(tmp_path, int8_bundle, torch_path=torch_path)
     try:
         old = service._current.backend
         request = GenerationRequest(image, (ChatTurn("user", "Findings?"),), max_new_tokens=40)

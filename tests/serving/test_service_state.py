@@ -209,3 +209,21 @@ def test_a_closed_stream_frees_its_slot(tmp_path):
         pass
     assert stats.finish_reason == "length"
     service.close()
+
+
+def test_a_hot_switch_drops_the_cached_conversations_of_the_backend_it_retires(tmp_path):
+    service = make_service(tmp_path, keep_both_backends=True)
+    service.start()
+    pytorch = backends(Mode.PYTORCH)[0]
+    for conversation in ("a", "b"):
+        list(service.stream_answer(request(conversation_id=conversation)))
+    assert sorted(pytorch.resident_conversations) == ["a", "b"] and pytorch.free_slots == 62
+    service.switch_to("trt")
+    assert pytorch.resident_conversations == [] and pytorch.free_slots == 64  # standby: its KV memory is free
+    list(service.stream_answer(request(conversation_id="c")))
+    assert backends(Mode.TRT)[0].resident_conversations == ["c"]
+    service.switch_to("pytorch")  # back: TensorRT is kept (keep_both) but holds nothing; PyTorch caches again
+    assert backends(Mode.TRT)[0].resident_conversations == []
+    list(service.stream_answer(request(conversation_id="d")))
+    assert pytorch.resident_conversations == ["d"]
+    service.close()
