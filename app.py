@@ -1,21 +1,18 @@
-"""MedGemma X-Ray assistant: the Gradio UI and the HTTP server around it.
+"""MedGemma X-Ray assistant: the Gradio UI.
 
-Layout and thin handlers only; the model lives in serving.service, image input in xray_io.
+Layout and thin handlers only; the model lives in serving.service, image input in xray_io, the HTTP server in
+serving.http_server.
 Run: python app.py [--model_path DIR] [--mode pytorch|trt] [--engine_path DIR] [--port 7860]
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import logging.handlers
-import sys
-import threading
+import traceback
 import uuid
-from pathlib import Path
 
-from assistant.case import EXAMPLE_QUESTIONS, Case, stream_structured_report
-from serving.settings import Settings
+from assistant.case import EXAMPLE_QUESTIONS, Case
+from serving.limits import RequestLimits
 from xray_io import ImageInputError, load_radiograph
 
 logger = logging.getLogger("app")
@@ -45,30 +42,58 @@ def badge_markdown(service) -> str:
     return text
 
 
-def build_ui(service):
+def build_ui(service, uploads=None):
+    """uploads: the serving.upload_cache.UploadInbox that reads (and deletes) each upload once."""
     import gradio as gr
 
+    from assistant.answer_details import answer_details_markdown
+    from assistant.report import parse_report, report_request
+    from assistant.report_export import remove_report_files, report_markdown, write_report_files
+    from inference_api.errors import RequestError
+    from inference_api.types import GenerationStats
     from serving.service import ServiceUnavailable
+    from serving.upload_cache import NotAnUploadError, UploadGoneError, UploadInbox
 
-    max_tokens = service.settings.max_new_tokens
+    settings = service.settings
+    max_tokens = settings.max_new_tokens
+    limits = RequestLimits.from_settings(settings)
+    if uploads is None:
+        from gradio.utils import get_upload_folder
 
+        uploads = UploadInbox(get_upload_folder())
+
+    # Logs get the error's class only, never its message or a traceback: messages about a file are shown to its
+    # uploader, and file names (which may hold patient names) appear in exception texts.
     def user_error(exc: Exception) -> gr.Error:
-        return gr.Error(str(exc), duration=None)
+        logger.warning("user error: %s", type(exc).__name__)
+        return gr.Error(str(exc), duration=None, print_exception=False)
+
+    def refused(message: str) -> gr.Error:  # a fixed text of ours: the kind is logged, not the message
+        logger.warning("user error: incomplete request")
+        return gr.Error(message, print_exception=False)
 
     def internal_error(exc: Exception) -> gr.Error:
         incident = uuid.uuid4().hex[:8]
-        logger.exception("internal error %s", incident)
-        return gr.Error(f"Internal error (incident {incident}); the server is still running. See logs/gradio_app.log.")
+        frames = "".join(traceback.format_tb(exc.__traceback__))  # where it failed, without the message
+        logger.error("internal error %s: %s\n%s", incident, type(exc).__name__, frames.rstrip())
+        return gr.Error(
+            f"Internal error (incident {incident}); the server is still running. Try again; if it happens again, "
+            "give the incident number to the operator.",
+            print_exception=False,
+        )
 
     def load_film(file_path: str | None, case: Case):
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)  # a new film starts a new conversation
         if not file_path:
-            raise gr.Error("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
+            raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         try:
             from xray_io.preprocess import model_input_image
 
-            film = load_radiograph(file_path, filename=Path(file_path).name)
+            data = uploads.take(file_path)  # the upload is deleted from disk here, before decoding
+            film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
             image = model_input_image(film)
-        except ImageInputError as exc:
+        except (ImageInputError, NotAnUploadError, UploadGoneError) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
@@ -86,43 +111,80 @@ def build_ui(service):
     def ask(question: str, case: Case):
         question = (question or "").strip()
         if not case.has_film:
-            raise gr.Error("Upload a chest X-ray first, then ask about it.")
+            raise refused("Upload a chest X-ray first, then ask about it.")
         if not question:
-            raise gr.Error("Type a question (or pick an example) before asking.")
+            raise refused("Type a question (or pick an example) before asking.")
         history = case.chat_messages() + [{"role": "user", "content": question}]
-        answer = ""
+        answer, stats = "", GenerationStats()
         try:
-            for answer in service.stream_answer(case.ask(question, max_tokens)):
+            limits.check_question(len(case.turns) // 2, question)
+            for answer in service.stream_answer(case.ask(question, max_tokens), stats):
                 yield history + [{"role": "assistant", "content": answer}], "", case
-        except (ValueError, ServiceUnavailable) as exc:
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
-        updated = case.answered(question, answer)
+        updated = case.answered(question, answer, answer_details_markdown(stats))
         yield updated.chat_messages(), "", updated
 
-    def report(case: Case):
+    def report(case: Case, exports):
+        """Stream the model's report text, then show it parsed into the schema with confidence, and offer both
+        exports. Yields (report box, JSON download, Markdown download, export state)."""
         if not case.has_film:
-            raise gr.Error("Upload a chest X-ray first, then ask for a report.")
+            raise refused("Upload a chest X-ray first, then ask for a report.")
+        remove_report_files(exports)
+        hidden = gr.update(value=None, visible=False)
+        text, stats = "", GenerationStats()
         try:
-            yield from stream_structured_report(case, service.stream_answer, max_tokens)
-        except (ValueError, ServiceUnavailable) as exc:
+            for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
+                yield text, hidden, hidden, None
+        except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
+        parsed = parse_report(text, stats)
+        metadata = {
+            "model": service.info().model_id if service.info() else None,
+            "source": case.film.source,
+            "answer": answer_details_markdown(stats, explain=False),
+        }
+        files = write_report_files(parsed, base_dir=uploads.folder, metadata=metadata)
+        yield (
+            report_markdown(parsed, metadata),
+            gr.update(value=str(files.json_path), visible=True),
+            gr.update(value=str(files.markdown_path), visible=True),
+            files,
+        )
 
-    def new_case():
-        return None, None, "", [], "", "", Case()
+    def new_case(case: Case, exports):
+        service.forget_conversation(case.conversation_id)
+        remove_report_files(exports)
+        hidden = gr.update(value=None, visible=False)
+        return None, None, "", [], "", "", Case(), hidden, hidden, None
 
-    with gr.Blocks(title="MedGemma X-Ray assistant", delete_cache=(3600, 3600)) as demo:
-        case_state = gr.State(Case())
+    def session_ended(case: Case) -> None:
+        if isinstance(case, Case):
+            service.forget_conversation(case.conversation_id)
+
+    max_age = settings.cache_max_age_s  # previews and never-read uploads: deleted within 1.5x this
+    with gr.Blocks(
+        title="MedGemma X-Ray assistant", delete_cache=(max(1, max_age // 2), max_age), analytics_enabled=False
+    ) as demo:
+        case_state = gr.State(Case(), delete_callback=session_ended)
+        exports_state = gr.State(None, delete_callback=remove_report_files)  # the last report's export files
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         badge = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():
             with gr.Column(scale=2):
                 upload = gr.File(label="Chest X-ray (PA): DICOM, PNG or JPEG", type="filepath", elem_id="film-upload")
-                preview = gr.Image(label="What the model sees (padded to square, 896 px)", interactive=False,
-                                   type="pil", format="png", height=360, elem_id="film-preview")  # fmt: skip
+                preview = gr.Image(
+                    label="What the model sees (padded to square, 896 px)",
+                    interactive=False,
+                    type="pil",
+                    format="png",
+                    height=360,
+                    elem_id="film-preview",
+                )
                 film_notes = gr.Markdown(elem_id="film-notes")
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Conversation", height=420, elem_id="chat")
@@ -135,20 +197,42 @@ def build_ui(service):
                     examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[question], label="Teaching-round questions"
                 )
                 report_box = gr.Markdown(elem_id="report-box")
+                with gr.Row():
+                    report_json = gr.DownloadButton("Download report (JSON)", visible=False, elem_id="report-json")
+                    report_md = gr.DownloadButton("Download report (Markdown)", visible=False, elem_id="report-md")
 
         upload.upload(
-            load_film, [upload, case_state], [preview, film_notes, chatbot, report_box, case_state],
+            load_film,
+            [upload, case_state],
+            [preview, film_notes, chatbot, report_box, case_state],
             api_name="upload_film",
-        )  # fmt: skip
+        )
         generation = dict(concurrency_limit=service.settings.generation_concurrency, concurrency_id="generation")
         ask_event = dict(fn=ask, inputs=[question, case_state], outputs=[chatbot, question, case_state])
         ask_button.click(**ask_event, api_name="ask", **generation)
         question.submit(**ask_event, api_name=False, **generation)
-        report_button.click(report, [case_state], [report_box], api_name="report", **generation)
+        report_button.click(
+            report,
+            [case_state, exports_state],
+            [report_box, report_json, report_md, exports_state],
+            api_name="report",
+            **generation,
+        )
         new_case_button.click(
             new_case,
-            None,
-            [upload, preview, film_notes, chatbot, question, report_box, case_state],
+            [case_state, exports_state],
+            [
+                upload,
+                preview,
+                film_notes,
+                chatbot,
+                question,
+                report_box,
+                case_state,
+                report_json,
+                report_md,
+                exports_state,
+            ],
             api_name="new_case",
         )
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
@@ -157,126 +241,15 @@ def build_ui(service):
     return demo
 
 
-def build_http_app(service, demo):
-    """FastAPI app: the UI at /, plus probes and Prometheus metrics. No route here can change the mode."""
-    import gradio as gr
-    from fastapi import FastAPI, Response
-    from fastapi.responses import JSONResponse
+def main(argv: list[str] | None = None, backend_factory=None) -> int:
+    """Run the server (serving.http_server) with this UI. backend_factory: the service's seam for tests."""
+    from serving.http_server import main as serve
 
-    api = FastAPI(title="MedGemma X-Ray assistant")
-
-    @api.get("/healthz")
-    def liveness():
-        return {"status": "alive"}
-
-    @api.get("/readyz")
-    def readiness():
-        ready = service.ready.is_set()
-        return JSONResponse({"ready": ready, "mode": service.mode}, status_code=200 if ready else 503)
-
-    @api.get("/metrics")
-    def metrics():
-        body, content_type = service.metrics.exposition()
-        return Response(content=body, media_type=content_type)
-
-    return gr.mount_gradio_app(
-        api, demo, path="/", server_name=service.settings.host, server_port=service.settings.port
-    )
-
-
-class DrainingServer:
-    """uvicorn's server, but SIGTERM first lets running answers finish (the UI's event streams stay open forever,
-    so waiting on connections would always hit the timeout). A second signal stops at once."""
-
-    def __new__(cls, config, service, drain_timeout_s: float = 120.0):
-        import uvicorn
-
-        class _Server(uvicorn.Server):
-            _draining = False
-
-            def handle_exit(self, sig, frame) -> None:
-                if self._draining:
-                    return super().handle_exit(sig, frame)
-                self._draining = True
-                logger.info("signal %d: refusing new work, letting running answers finish", sig)
-                threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
-
-            def _drain_then_exit(self) -> None:
-                if not service.drain(drain_timeout_s):
-                    logger.warning("answers still running after %.0f s; stopping anyway", drain_timeout_s)
-                self.should_exit = True
-
-        return _Server(config)
-
-
-def configure_logging(log_file: Path | None) -> None:
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handlers = [logging.handlers.RotatingFileHandler(log_file, maxBytes=10 << 20, backupCount=5)]
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
-    )
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="MedGemma X-Ray assistant server")
-    parser.add_argument("--model_path", type=Path, help="local google/medgemma-4b-it directory (default: demo model)")
-    parser.add_argument(
-        "--mode", choices=["pytorch", "trt"], help="backend at start (default: INFERENCE_MODE or pytorch)"
-    )
-    parser.add_argument("--engine_path", type=Path, help="engine bundle from optimize_trt_engine.py")
-    parser.add_argument("--host", help="interface for the UI (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="UI port (default 7860)")
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    parser.add_argument("--log_file", type=Path, help="rotating log file (default: stderr)")
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    configure_logging(args.log_file)
-    try:
-        settings = Settings.from_env(
-            model_path=args.model_path, inference_mode=args.mode, engine_path=args.engine_path,
-            host=args.host, port=args.port, device=args.device,
-        )  # fmt: skip
-    except ValueError as exc:
-        logger.error("bad configuration: %s", exc)
-        return 2
-
-    import uvicorn
-
-    from serving.service import InferenceService
-
-    service = InferenceService(settings)
-    control = None
-    try:
-        service.start()
-        from serving.control import ControlServer
-
-        control = ControlServer(service, settings.control_socket_path)
-        control.start()
-    except Exception as exc:
-        logger.error("startup failed: %s", exc)
-        service.close()
-        return 1
-    app = build_http_app(service, build_ui(service))
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=3
-    )
-    server = DrainingServer(config, service)
-    logger.info("serving on http://%s:%d (mode %s)", settings.host, settings.port, service.mode)
-    try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
-        server.run()
-    finally:
-        if control is not None:
-            control.close()
-        service.close()
-        logger.info("stopped")
-    return 0
+    return serve(argv, build_ui=build_ui, backend_factory=backend_factory)
 
 
 if __name__ == "__main__":
+    import threading
+
     threading.current_thread().name = "main"
     raise SystemExit(main())

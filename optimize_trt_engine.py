@@ -4,7 +4,11 @@ AutoCast calibrated on your films, a TensorRT (or TensorRT-RTX) build, and an ac
 Example (GPU host with TensorRT):
   python optimize_trt_engine.py --model_path /models/medgemma-4b-it --calib_images calib_dataset \
       --precision int8 --output_path engines/medgemma-int8
-Exit status: 0 built; 1 a step failed (the message says which and why); 2 bad arguments.
+The bundle is built in a staging folder beside --output_path and moved into place only once it passed
+verification; an existing output is replaced (atomically) only with --overwrite, and a failed build leaves it
+as it was. Impossible requests (a precision no executor here can verify, fp8 for GPUs that cannot run it, shapes
+out of range, too few films) are refused before any work starts.
+Exit status: 0 built; 1 a step failed (the message says which and why); 2 refused before any work.
 """
 
 from __future__ import annotations
@@ -25,8 +29,12 @@ def parse_args(argv):
     )
     parser.add_argument("--precision", choices=["int8", "fp8", "fp16", "bf16", "fp32"], default="int8")
     parser.add_argument("--output_path", type=Path, help="bundle folder to write")
-    parser.add_argument("--target", choices=["auto", "tensorrt", "tensorrt-rtx", "none"], default="auto",
-                        help="engine builder; auto = tensorrt if installed, else an ONNX-only bundle")  # fmt: skip
+    parser.add_argument(
+        "--target",
+        choices=["auto", "tensorrt", "tensorrt-rtx", "none"],
+        default="auto",
+        help="engine builder; auto = tensorrt if installed, else an ONNX-only bundle",
+    )
     parser.add_argument("--max_seq_len", type=int, default=2048, help="longest conversation + answer, in tokens")
     parser.add_argument("--max_batch", type=int, default=8, help="largest vision batch (batch feature extraction)")
     parser.add_argument("--workspace_gib", type=float, default=8.0)
@@ -34,24 +42,47 @@ def parse_args(argv):
     parser.add_argument("--verify_tokens", type=int, default=16, help="greedy tokens compared with PyTorch")
     parser.add_argument("--min_cosine", type=float, default=0.99)
     parser.add_argument("--min_token_agreement", type=float, default=0.9)
-    parser.add_argument("--max_kl", type=float, default=0.05)
+    parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
+    parser.add_argument(
+        "--max_logprob_delta",
+        type=float,
+        default=0.1,
+        help="largest log-probability difference (nats) on tokens both agree on",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
     parser.add_argument("--keep_fp32_onnx", action="store_true")
     parser.add_argument("--from_onnx", type=Path, help="finish an ONNX-only bundle: build its engines with --target")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_path (atomically)")
+    parser.add_argument(
+        "--allow_few_films",
+        action="store_true",
+        help="build with fewer than 50 real films (tests, demos); the manifest records it",
+    )
+    parser.add_argument(
+        "--compute_capabilities", help="TensorRT-RTX targets, e.g. SM89,SM120 (default: all; fp8: SM89+)"
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    from engine_build.pipeline import BuildOptions, build_bundle, command_line, finish_from_onnx
+    from engine_build.calibration import TooFewFilmsError
+    from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line, finish_from_onnx
+    from engine_build.precision import PrecisionRefusedError
+    from engine_build.staging import OutputExistsError
+    from engine_bundle.manifest import ManifestError
+    from pytorch_backend.checkpoint import CheckpointError
 
+    refusals = (BuildRefusedError, PrecisionRefusedError, OutputExistsError, TooFewFilmsError, CheckpointError)
     try:
         if args.from_onnx:
             if args.target in ("auto", "none"):
                 logger.error("--from_onnx needs --target tensorrt or --target tensorrt-rtx")
                 return 2
-            manifest = finish_from_onnx(args.from_onnx, args.target, args.workspace_gib)
+            manifest = finish_from_onnx(
+                args.from_onnx, args.target, args.workspace_gib, args.compute_capabilities, command=command_line()
+            )
             print(f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}")
             return 0
         if args.output_path is None:
@@ -65,25 +96,49 @@ def main(argv: list[str] | None = None) -> int:
             model_path = ensure_demo_checkpoint(DEMO_MODEL_DIR)
             logger.warning("no --model_path: building from the demo checkpoint (random weights)")
         options = BuildOptions(
-            model_path=model_path, calib_images=args.calib_images, output_path=args.output_path,
-            precision=args.precision, target=args.target, max_seq_len=args.max_seq_len, max_batch=args.max_batch,
-            workspace_gib=args.workspace_gib, calibration_method=args.calibration_method,
-            verify_tokens=args.verify_tokens, device=args.device, keep_fp32_onnx=args.keep_fp32_onnx,
-            thresholds={"min_cosine": args.min_cosine, "min_token_agreement": args.min_token_agreement,
-                        "max_kl": args.max_kl},
+            model_path=model_path,
+            calib_images=args.calib_images,
+            output_path=args.output_path,
+            precision=args.precision,
+            target=args.target,
+            max_seq_len=args.max_seq_len,
+            max_batch=args.max_batch,
+            workspace_gib=args.workspace_gib,
+            calibration_method=args.calibration_method,
+            verify_tokens=args.verify_tokens,
+            device=args.device,
+            keep_fp32_onnx=args.keep_fp32_onnx,
+            overwrite=args.overwrite,
+            allow_few_films=args.allow_few_films,
+            compute_capabilities=args.compute_capabilities,
+            thresholds={
+                "min_cosine": args.min_cosine,
+                "min_token_agreement": args.min_token_agreement,
+                "max_logprob_delta": args.max_logprob_delta,
+                "max_kl": args.max_kl,
+            },
             command=command_line(),
-        )  # fmt: skip
+        )
         manifest = build_bundle(options)
+    except refusals as exc:  # nothing was written: say what to change
+        logger.error("refused before any work: %s", exc)
+        return 2
+    except ManifestError as exc:
+        logger.error("engine build refused: %s", exc)
+        return 1
     except Exception as exc:  # every failure: one clear line, non-zero exit
         logger.debug("build failed", exc_info=True)
         logger.error("engine build failed: %s: %s", type(exc).__name__, exc)
         return 1
     accuracy = manifest["accuracy"]
+    delta = accuracy["logprob_delta_max"]
     print(
         f"bundle ready: {args.output_path} ({manifest['precision']}, "
         f"engines: {manifest['tensorrt']['target'] or 'none, ONNX only'}); "
         f"embedding cosine {accuracy['image_embedding_cosine_min']:.4f}, "
-        f"token agreement {accuracy['token_agreement_mean']:.2f}, first-token KL {accuracy['first_token_kl_max']:.2e}"
+        f"token agreement {accuracy['token_agreement_mean']:.2f}, "
+        f"log-prob delta {'n/a' if delta is None else f'{delta:.1e}'}, first-token KL {accuracy['first_token_kl_max']:.1e} "
+        f"(measured on {accuracy['executor']})"
     )
     return 0
 

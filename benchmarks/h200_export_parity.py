@@ -21,13 +21,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def medgemma_4b_config():
     from transformers import Gemma3Config
 
-    text = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
-                num_key_value_heads=4, head_dim=256, vocab_size=262208, sliding_window=1024,
-                rope_scaling={"rope_type": "linear", "factor": 8.0})  # fmt: skip
-    vision = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                  image_size=896, patch_size=14, vision_use_head=False)  # fmt: skip
-    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=256, boi_token_index=255999,
-                        eoi_token_index=256000, image_token_index=262144)  # fmt: skip
+    text = dict(
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_hidden_layers=34,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+        vocab_size=262208,
+        sliding_window=1024,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+    )
+    vision = dict(
+        hidden_size=1152,
+        intermediate_size=4304,
+        num_hidden_layers=27,
+        num_attention_heads=16,
+        image_size=896,
+        patch_size=14,
+        vision_use_head=False,
+    )
+    return Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=256,
+        boi_token_index=255999,
+        eoi_token_index=256000,
+        image_token_index=262144,
+    )
 
 
 def main() -> int:
@@ -44,9 +65,15 @@ def main() -> int:
     from engine_build.graphs import export_graphs
     from engine_build.parity import check_export_parity
 
-    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "gpu": torch.cuda.get_device_name(0),
-                     "cpu_cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "onnxruntime": onnxruntime.__version__}  # fmt: skip
+    results: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(0),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
 
     def save() -> None:
         (args.output / "h200_export_parity.json").write_text(json.dumps(results, indent=2))
@@ -95,8 +122,10 @@ def main() -> int:
     print("|---|---|")
     for name, value in figures.items():
         print(f"| {name} | {value:.2e} |")
-    print(f"\nexport {results['export_s']:.0f} s, parity {results['parity_s']:.0f} s; ONNX sizes (GB): "
-          + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in results["onnx_bytes"].items()))  # fmt: skip
+    print(
+        f"\nexport {results['export_s']:.0f} s, parity {results['parity_s']:.0f} s; ONNX sizes (GB): "
+        + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in results["onnx_bytes"].items())
+    )
     return 0
 
 

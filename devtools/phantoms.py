@@ -16,6 +16,7 @@ SYNTHETIC_LABEL = "SYNTHETIC PHANTOM - not a patient image"
 UNCOMPRESSED_SYNTAXES = {
     "implicit-vr-little-endian": "1.2.840.10008.1.2",
     "explicit-vr-little-endian": "1.2.840.10008.1.2.1",
+    "deflated-explicit-vr-little-endian": "1.2.840.10008.1.2.1.99",  # native pixels, the whole data set deflated
 }
 COMPRESSED_SYNTAXES = {
     "jpeg-baseline": "1.2.840.10008.1.2.4.50",

@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 TARGET_MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 # SM75 (Turing) is left out: TensorRT-RTX has no FP32 GEMM there, and our fp32 graphs need one.
 RTX_COMPUTE_CAPABILITIES = ("SM80", "SM86", "SM89", "SM120")
+# FP8 (e4m3) tensor cores: Ada (SM89) and newer. TensorRT-RTX refuses to compile fp8 for SM80/SM86.
+FP8_RTX_COMPUTE_CAPABILITIES = ("SM89", "SM120")
 
 
 class EngineBuildError(RuntimeError):
@@ -35,15 +37,25 @@ def target_available(target: str) -> bool:
 
 
 class EngineBuilder:
-    def __init__(self, target: str, workspace_gib: float = 8.0, timing_cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        workspace_gib: float = 8.0,
+        timing_cache: Path | None = None,
+        compute_capabilities: tuple[str, ...] = RTX_COMPUTE_CAPABILITIES,
+    ) -> None:
         if target not in TARGET_MODULES:
             raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGET_MODULES)}")
         self.target = target
         self.trt = importlib.import_module(TARGET_MODULES[target])
         self.workspace_bytes = int(workspace_gib * (1 << 30))
-        self.timing_cache = timing_cache
+        # TensorRT times kernels on the GPU it builds on, so its cache pays off between builds. TensorRT-RTX builds
+        # ahead of time, often on a host with no GPU, where creating a cache only logs CUDA errors.
+        self.timing_cache = timing_cache if target == "tensorrt" else None
+        self.compute_capabilities = tuple(compute_capabilities)
         self.log_lines: list[str] = []
         trt = self.trt
+        errors = (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR)
 
         class _Logger(trt.ILogger):
             def __init__(inner) -> None:
@@ -52,7 +64,9 @@ class EngineBuilder:
             def log(inner, severity, message) -> None:
                 if severity <= trt.ILogger.Severity.INFO:
                     self.log_lines.append(f"[{severity}] {message}")
-                if severity <= trt.ILogger.Severity.WARNING:
+                if severity in errors:
+                    logger.error("%s: %s", target, message)
+                elif severity == trt.ILogger.Severity.WARNING:
                     logger.warning("%s: %s", target, message)
 
         self.logger = _Logger()
@@ -75,8 +89,8 @@ class EngineBuilder:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, self.workspace_bytes)
         if self.target == "tensorrt-rtx":
             # Ahead-of-time build on any host (a GPU is not needed) for the RTX generations TensorRT-RTX supports.
-            config.num_compute_capabilities = len(RTX_COMPUTE_CAPABILITIES)
-            for index, name in enumerate(RTX_COMPUTE_CAPABILITIES):
+            config.num_compute_capabilities = len(self.compute_capabilities)
+            for index, name in enumerate(self.compute_capabilities):
                 config.set_compute_capability(getattr(trt.ComputeCapability, name), index)
         cache = None
         if self.timing_cache is not None and hasattr(config, "create_timing_cache"):
@@ -92,38 +106,42 @@ class EngineBuilder:
             raise EngineBuildError(
                 f"{self.target} failed to build {onnx_path}. Last log lines:\n" + "\n".join(self.log_lines[-30:])
             )
-        engine_path.parent.mkdir(parents=True, exist_ok=True)
-        engine_path.write_bytes(bytes(serialized))
+        from engine_build.staging import write_bytes_atomically
+
+        write_bytes_atomically(engine_path, bytes(serialized))
         if cache is not None:
-            self.timing_cache.write_bytes(bytes(cache.serialize()))
+            write_bytes_atomically(self.timing_cache, bytes(cache.serialize()))
         elapsed = time.perf_counter() - started
         logger.info("%s built %s -> %s in %.1f s", self.target, onnx_path.name, engine_path.name, elapsed)
         return elapsed
 
 
 def graph_profiles(shapes: dict) -> dict[str, Profile]:
-    """Optimization profiles for the three graphs from the manifest's shapes (batch range, max sequence)."""
+    """Optimization profiles for the three graphs from the manifest's shapes (batch range, max sequence).
+
+    The decoder's profile is self-consistent: TensorRT checks that past + new == total holds at kMIN, kOPT and
+    kMAX, so total's maximum is past's maximum plus new's maximum (2 x max_seq), not max_seq + 1. What the
+    runtime sends never exceeds max_seq + 1 keys; the executor's buffers are sized for that.
+    """
     batch, max_batch = 1, shapes["max_batch"]
     image, hidden, tokens = shapes["image_size"], shapes["hidden"], shapes["image_tokens"]
     max_seq = shapes["max_sequence"]
-    total = max_seq + 1
     typical_prompt = min(max_seq, tokens + 64)
     kv = (shapes["kv_heads"], shapes["head_dim"])
     vision = Profile(
         {"pixel_values": ((batch, 3, image, image), (batch, 3, image, image), (max_batch, 3, image, image))}
     )
     embed = Profile({"input_ids": ((1, 1), (1, typical_prompt), (1, max_seq))})
+    new = (1, 1, max_seq)
+    past = (1, typical_prompt, max_seq)  # includes the dead slot
+    total = tuple(n + p for n, p in zip(new, past, strict=True))
     decoder_shapes = {
-        "inputs_embeds": ((1, 1, hidden), (1, 1, hidden), (1, max_seq, hidden)),
-        "position_ids": ((1, 1), (1, 1), (1, max_seq)),
-        "full_mask": ((1, 1, 1, 2), (1, 1, 1, typical_prompt + 1), (1, 1, max_seq, total)),
-        "sliding_mask": ((1, 1, 1, 2), (1, 1, 1, typical_prompt + 1), (1, 1, max_seq, total)),
+        "inputs_embeds": tuple((1, n, hidden) for n in new),
+        "position_ids": tuple((1, n) for n in new),
+        "full_mask": tuple((1, 1, n, t) for n, t in zip(new, total, strict=True)),
+        "sliding_mask": tuple((1, 1, n, t) for n, t in zip(new, total, strict=True)),
     }
     for layer in range(shapes["layers"]):
         for kind in ("key", "value"):
-            decoder_shapes[f"past_{kind}_{layer}"] = (
-                (1, kv[0], 1, kv[1]),
-                (1, kv[0], typical_prompt, kv[1]),
-                (1, kv[0], max_seq, kv[1]),
-            )
+            decoder_shapes[f"past_{kind}_{layer}"] = tuple((1, kv[0], p, kv[1]) for p in past)
     return {"vision": vision, "embed": embed, "decoder": Profile(decoder_shapes)}

@@ -15,6 +15,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 MIN_RECOMMENDED_FILMS = 50
+SYNTHETIC_MARK = "SYNTHETIC"  # devtools.phantoms writes it into every phantom's metadata
 CALIBRATION_QUESTIONS = (
     "What are the main findings on this chest X-ray?",
     "Is there a pneumothorax or pleural effusion?",
@@ -30,7 +31,30 @@ class CalibrationSet:
     images: list  # PIL images exactly as the server hands them to the processor (padded square RGB)
     names: list[str]
     sha256: str
-    skipped: list[str]
+    skipped: list[str]  # "name: why", one per file that could not be read
+    synthetic: list[str]  # names of films whose metadata says SYNTHETIC (the project's phantoms)
+
+    @property
+    def real_films(self) -> int:
+        return len(self.images) - len(self.synthetic)
+
+
+def is_synthetic(data: bytes) -> bool:
+    """True when the film's own metadata calls it synthetic (PNG/JPEG text chunks; DICOM comments and series)."""
+    if len(data) >= 132 and data[128:132] == b"DICM":
+        import io
+
+        import pydicom
+
+        dataset = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True, force=True)
+        fields = (dataset.get(name, "") for name in ("ImageComments", "SeriesDescription", "StudyDescription"))
+        return any(SYNTHETIC_MARK in str(value).upper() for value in fields)
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return any(SYNTHETIC_MARK in str(value).upper() for value in image.info.values() if isinstance(value, str))
 
 
 def load_calibration_films(folder: Path) -> CalibrationSet:
@@ -45,25 +69,53 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
         p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix not in (".md", ".txt")
     )
     digest = hashlib.sha256()
-    images, names, skipped = [], [], []
+    images, names, skipped, synthetic = [], [], [], []
     for path in files:
+        name = path.relative_to(folder).as_posix()
         data = path.read_bytes()
         try:
-            film = load_radiograph(data, path.name)
+            film = load_radiograph(data, name)
         except ImageInputError as exc:
-            skipped.append(f"{path.name}: {exc}")
+            skipped.append(f"{name}: {exc}")
+            logger.warning("calibration: skipped %s", skipped[-1])
             continue
         digest.update(hashlib.sha256(data).digest())
         images.append(model_input_image(film))
-        names.append(path.name)
+        names.append(name)
+        if is_synthetic(data):
+            synthetic.append(name)
     if not images:
-        raise ValueError(f"no usable films in {folder} ({len(skipped)} files skipped)")
-    if len(images) < MIN_RECOMMENDED_FILMS:
+        raise ValueError(f"no usable films in {folder} ({len(skipped)} files skipped: {'; '.join(skipped[:5])})")
+    if synthetic:
         logger.warning(
-            "only %d calibration films (recommended: at least %d, ModelOpt suggests 128-512); INT8 scales may be poor",
-            len(images), MIN_RECOMMENDED_FILMS,
-        )  # fmt: skip
-    return CalibrationSet(images, names, digest.hexdigest(), skipped)
+            "calibration: %d of %d films are SYNTHETIC phantoms (their metadata says so): fine for a pipeline test, "
+            "never for a bundle that serves patients",
+            len(synthetic),
+            len(images),
+        )
+    return CalibrationSet(images, names, digest.hexdigest(), skipped, synthetic)
+
+
+class TooFewFilmsError(ValueError):
+    """Fewer real films than the minimum, and the caller did not allow it."""
+
+
+def require_enough_films(films: CalibrationSet, allow_few: bool, minimum: int = MIN_RECOMMENDED_FILMS) -> None:
+    """At least `minimum` real (non-synthetic) films, unless allowed; then a warning and the manifest records it."""
+    if films.real_films >= minimum:
+        return
+    detail = f"{films.real_films} real films" + (f" (+{len(films.synthetic)} synthetic)" if films.synthetic else "")
+    if not allow_few:
+        raise TooFewFilmsError(
+            f"{detail} for calibration; the minimum is {minimum} de-identified PA films (ModelOpt suggests "
+            "128-512; see calib_dataset/README.md). For a pipeline test or a demo, pass --allow_few_films: the "
+            "manifest then records below_recommended: true."
+        )
+    logger.warning(
+        "calibration: %s, below the minimum of %d (allowed by --allow_few_films; recorded in the manifest)",
+        detail,
+        minimum,
+    )
 
 
 def split_held_out(films: CalibrationSet, fraction: float = 0.1, minimum: int = 2) -> tuple[list, list]:
@@ -75,21 +127,28 @@ def split_held_out(films: CalibrationSet, fraction: float = 0.1, minimum: int = 
 
 
 class RecordingSequence:
-    """Wraps an executor sequence and keeps every decoder feed it runs (the decoder's calibration data)."""
+    """Wraps an ONNX Runtime executor sequence and keeps every decoder feed it runs (the decoder's calibration data)."""
 
     def __init__(self, inner, sink: list) -> None:
-        self.inner, self.sink, self.kv = inner, sink, None
+        self.inner, self.sink = inner, sink
+
+    @property
+    def past_length(self) -> int:
+        return self.inner.past_length
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask):
-        executor = self.inner.executor
-        past = self.inner.kv
-        if past is None:
-            empty = np.zeros((inputs_embeds.shape[0], executor.kv_heads, 1, executor.head_dim), dtype=np.float32)
-            past = [empty] * (2 * executor.layers)
-        feed = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": position_ids.astype(np.int64),
-                "full_mask": full_mask, "sliding_mask": sliding_mask, **dict(zip(executor.kv_input_names, past, strict=True))}  # fmt: skip
+        feed = {
+            "inputs_embeds": inputs_embeds.astype(np.float32),
+            "position_ids": position_ids.astype(np.int64),
+            "full_mask": full_mask,
+            "sliding_mask": sliding_mask,
+            **self.inner.past_feeds(inputs_embeds.shape[0]),
+        }
         self.sink.append(feed)
         return self.inner.run(inputs_embeds, position_ids, full_mask, sliding_mask)
+
+    def truncate(self, past_length: int) -> None:
+        self.inner.truncate(past_length)
 
     def close(self) -> None:
         self.inner.close()
@@ -99,18 +158,18 @@ def record_decoder_feeds(
     fp32_backend, images: list, decode_steps: int, progress=None
 ) -> tuple[list[dict], list[np.ndarray]]:
     """Run the fp32 bundle over films x questions; return decoder feeds and vision inputs for calibration."""
-    from inference_api.contract import ChatTurn, GenerationRequest
+    from engine_build.comparison import generate_steps
+    from inference_api.types import ChatTurn, GenerationRequest
 
     feeds: list[dict] = []
     executor = fp32_backend.executor
     original = executor.new_sequence
-    executor.new_sequence = lambda: RecordingSequence(original(), feeds)
+    executor.new_sequence = lambda *args, **kwargs: RecordingSequence(original(*args, **kwargs), feeds)
     try:
         for index, image in enumerate(images):
             question = CALIBRATION_QUESTIONS[index % len(CALIBRATION_QUESTIONS)]
             request = GenerationRequest(image, (ChatTurn("user", question),), max_new_tokens=decode_steps)
-            for _ in fp32_backend.generate_tokens(request):
-                pass
+            generate_steps(fp32_backend, request)
             if progress:
                 progress()
     finally:

@@ -30,9 +30,13 @@ class DecoderShape:
     def from_config(cls, config) -> DecoderShape:
         text = config.get_text_config()
         return cls(
-            layers=text.num_hidden_layers, kv_heads=text.num_key_value_heads, head_dim=text.head_dim,
-            hidden=text.hidden_size, vocab=text.vocab_size, sliding_window=text.sliding_window,
-        )  # fmt: skip
+            layers=text.num_hidden_layers,
+            kv_heads=text.num_key_value_heads,
+            head_dim=text.head_dim,
+            hidden=text.hidden_size,
+            vocab=text.vocab_size,
+            sliding_window=text.sliding_window,
+        )
 
     def kv_names(self, prefix: str) -> list[str]:
         return [f"{prefix}_{kind}_{layer}" for layer in range(self.layers) for kind in ("key", "value")]
@@ -100,8 +104,14 @@ def export_graphs(
     files = {}
     with torch.inference_mode():
         if "vision" in graphs:
-            _export(VisionGraph(model), (sample_pixels,), output_dir / "vision.onnx", ["pixel_values"], ["image_embeds"],
-                    {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}})  # fmt: skip
+            _export(
+                VisionGraph(model),
+                (sample_pixels,),
+                output_dir / "vision.onnx",
+                ["pixel_values"],
+                ["image_embeds"],
+                {"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+            )
             files["vision"] = "vision.onnx"
             if progress:
                 progress("vision")
@@ -109,8 +119,14 @@ def export_graphs(
             return files
         device = sample_pixels.device
         ids = torch.tensor([[2, 4, 5, 6]], dtype=torch.long, device=device)
-        _export(EmbedGraph(model), (ids,), output_dir / "embed.onnx", ["input_ids"], ["inputs_embeds"],
-                {"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}})  # fmt: skip
+        _export(
+            EmbedGraph(model),
+            (ids,),
+            output_dir / "embed.onnx",
+            ["input_ids"],
+            ["inputs_embeds"],
+            {"input_ids": {0: "batch", 1: "sequence"}, "inputs_embeds": {0: "batch", 1: "sequence"}},
+        )
         files["embed"] = "embed.onnx"
         if progress:
             progress("embed")
@@ -129,8 +145,14 @@ def export_graphs(
             axes[name] = {0: "batch", 2: "past"}
         for name in shape.kv_names("present"):
             axes[name] = {0: "batch", 2: "total"}
-        _export(DecoderGraph(model), tuple(decoder_inputs.values()), output_dir / "decoder.onnx",
-                input_names, output_names, axes)  # fmt: skip
+        _export(
+            DecoderGraph(model),
+            tuple(decoder_inputs.values()),
+            output_dir / "decoder.onnx",
+            input_names,
+            output_names,
+            axes,
+        )
         files["decoder"] = "decoder.onnx"
         if progress:
             progress("decoder")
@@ -175,13 +197,26 @@ def _export(module, args, path, input_names, output_names, dynamic_axes) -> None
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".export-") as scratch:
         scratch_path = Path(scratch) / path.name
         torch.onnx.export(
-            module, args, str(scratch_path), input_names=input_names, output_names=output_names,
-            dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False, do_constant_folding=True,
-        )  # fmt: skip
+            module,
+            args,
+            str(scratch_path),
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
+            do_constant_folding=True,
+        )
         model = onnx.load(str(scratch_path), load_external_data=True)
         weight_bytes = sum(len(tensor.raw_data) for tensor in model.graph.initializer)
         if weight_bytes > 1_800_000_000:
-            onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=f"{path.name}.data", size_threshold=1024)  # fmt: skip
+            onnx.save_model(
+                model,
+                str(path),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=f"{path.name}.data",
+                size_threshold=1024,
+            )
         else:
             onnx.save_model(model, str(path))

@@ -1,4 +1,6 @@
-"""optimize_trt_engine.py's four steps: export (+ parity), quantize (ModelOpt), build (TensorRT), verify + manifest."""
+"""optimize_trt_engine.py's steps: checks up front, then export (+ parity), quantize (ModelOpt), build (TensorRT),
+verify, and a sealed manifest, all inside a staging folder that replaces the output only once verification passed.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +14,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_bundle.manifest import write_manifest
+from engine_build.precision import BuildPlan, parse_compute_capabilities, plan_build
+from engine_build.staging import clone_bundle, discard, make_staging_dir, publish, refuse_existing_output
+from engine_bundle.integrity import seal, verify_bundle
+from engine_bundle.manifest import read_manifest, write_manifest
 
 logger = logging.getLogger(__name__)
 
-PROCESSOR_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "processor_config.json",
-                   "preprocessor_config.json", "generation_config.json", "special_tokens_map.json")  # fmt: skip
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+)
 GRAPHS = ("vision", "embed", "decoder")
+MAX_BATCH_LIMIT = 64
+PROMPT_ROOM_TOKENS = 128  # system prompt, chat template and a question around one film's image tokens
+
+
+class BuildRefusedError(ValueError):
+    """The build cannot start as asked (output exists, impossible precision, shapes out of range, too few films)."""
 
 
 @dataclass
@@ -37,6 +55,9 @@ class BuildOptions:
     parity_tolerance: float = 1e-3
     device: str = "auto"
     keep_fp32_onnx: bool = False
+    overwrite: bool = False
+    allow_few_films: bool = False
+    compute_capabilities: str | None = None  # TensorRT-RTX targets, e.g. "SM89,SM120"
     thresholds: dict = field(default_factory=dict)
     command: str = ""
 
@@ -57,143 +78,246 @@ class Step:
             logger.info("[%d/4] %s done in %.1f s", self.number, self.title, time.perf_counter() - self.started)
 
 
-def resolve_target(target: str) -> str | None:
-    from engine_build.builder import target_available
+def check_shapes(model_path: Path, max_seq_len: int, max_batch: int, verify_tokens: int) -> None:
+    """--max_seq_len and --max_batch against the model's own config, before anything is written."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    image_tokens = int(config.get("mm_tokens_per_image", 256))
+    longest = int(config.get("text_config", {}).get("max_position_embeddings", 131072))
+    shortest = image_tokens + PROMPT_ROOM_TOKENS + verify_tokens
+    if not shortest <= max_seq_len <= longest:
+        raise BuildRefusedError(
+            f"--max_seq_len {max_seq_len} is out of range: one film takes {image_tokens} tokens, so a conversation "
+            f"needs at least {shortest} (with --verify_tokens {verify_tokens}); the model allows at most {longest}. "
+            "The default is 2048."
+        )
+    if not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        raise BuildRefusedError(
+            f"--max_batch {max_batch} is out of range: 1 to {MAX_BATCH_LIMIT} films per vision batch"
+        )
 
-    if target == "none":
-        return None
-    if target != "auto":
-        if not target_available(target):
-            module = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}[target]
-            raise RuntimeError(f"--target {target} needs the {module} package (pip install {target}), which is missing")
-        return target
-    return "tensorrt" if target_available("tensorrt") else None
+
+def prepare(options: BuildOptions) -> BuildPlan:
+    """Every check that needs no model: refuse here, in seconds, rather than after an export."""
+    from pytorch_backend.checkpoint import describe_checkpoint
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
+
+    refuse_existing_output(options.output_path, options.overwrite)
+    describe_checkpoint(options.model_path)
+    check_shapes(options.model_path, options.max_seq_len, options.max_batch, options.verify_tokens)
+    gpu, why_no_gpu = probe_cuda_gpu(0)
+    capabilities = parse_compute_capabilities(options.compute_capabilities)
+    plan = plan_build(options.precision, options.target, capabilities, gpu, why_no_gpu)
+    logger.info(
+        "plan: %s, engines: %s%s; accuracy measured on %s",
+        plan.precision,
+        plan.target or "none (ONNX graphs only)",
+        f" for {','.join(plan.compute_capabilities)}" if plan.compute_capabilities else "",
+        plan.verify_reason,
+    )
+    return plan
 
 
 def build_bundle(options: BuildOptions) -> dict:
+    """Build into a staging folder beside the output; publish only a verified bundle. Returns its manifest."""
+    from engine_build.calibration import load_calibration_films, require_enough_films
+
+    plan = prepare(options)
+    films = load_calibration_films(options.calib_images)
+    require_enough_films(films, options.allow_few_films)
+    staging = make_staging_dir(options.output_path)
+    logger.info("building in %s; %s is replaced only once the bundle passed verification", staging, options.output_path)
+    try:
+        manifest = _build_into(staging, options, plan, films)
+        publish(staging, options.output_path, options.overwrite)
+    except BaseException:
+        discard(staging)
+        raise
+    return manifest
+
+
+def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dict:
+    import numpy as np
     import torch
     from tqdm import tqdm
 
-    from engine_build.calibration import (
-        FeedReader,
-        load_calibration_films,
-        record_decoder_feeds,
-        split_held_out,
-    )
+    from engine_build.calibration import MIN_RECOMMENDED_FILMS, FeedReader, record_decoder_feeds, split_held_out
     from engine_build.graphs import DecoderShape, export_graphs
     from engine_build.parity import check_export_parity
     from engine_build.quantize import count_qdq, quantize_graph
-    from engine_build.verify import AccuracyError, Thresholds, check, compare, thresholds_record
+    from engine_build.verify import AccuracyError, Thresholds, check, measure_accuracy, thresholds_record
     from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
     from pytorch_backend.eager import TorchInference
     from trt_inference.trt_model import TRTInference
 
     started = time.perf_counter()
-    out = Path(options.output_path)
-    target = resolve_target(options.target)
     checkpoint = describe_checkpoint(options.model_path)
-    films = load_calibration_films(options.calib_images)
     calibration_images, held_out = split_held_out(films)
-    logger.info("calibration: %d films (%d held out for verification), %d files skipped",
-                len(calibration_images), len(held_out), len(films.skipped))  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    logger.info(
+        "calibration: %d films (%d held out for verification), %d files skipped",
+        len(calibration_images),
+        len(held_out),
+        len(films.skipped),
+    )
 
     reference = TorchInference(options.model_path, device=options.device)
-    model = reference.model
-    if model.config.get_text_config()._attn_implementation not in ("eager", "sdpa"):
-        model.set_attn_implementation("eager")
-    for name in PROCESSOR_FILES:
-        if (Path(options.model_path) / name).is_file():
-            shutil.copyfile(Path(options.model_path) / name, out / name)
-    shape = DecoderShape.from_config(model.config)
-    text = model.config.get_text_config()
-    shapes = {
-        "image_size": model.config.vision_config.image_size, "image_tokens": model.config.mm_tokens_per_image,
-        "hidden": shape.hidden, "layers": shape.layers, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
-        "vocab": shape.vocab, "sliding_window": shape.sliding_window, "max_sequence": options.max_seq_len,
-        "max_batch": options.max_batch,
-    }  # fmt: skip
-    eos = model.generation_config.eos_token_id
-    tokens = {
-        "image_token_id": model.config.image_token_id, "boi": model.config.boi_token_id, "eoi": model.config.eoi_token_id,
-        "eos": sorted(set(eos if isinstance(eos, list) else [eos])), "bos": text.bos_token_id,
-    }  # fmt: skip
+    try:
+        model = reference.model
+        if model.config.get_text_config()._attn_implementation not in ("eager", "sdpa"):
+            model.set_attn_implementation("eager")
+        for name in PROCESSOR_FILES:
+            if (Path(options.model_path) / name).is_file():
+                shutil.copyfile(Path(options.model_path) / name, out / name)
+        shape = DecoderShape.from_config(model.config)
+        text = model.config.get_text_config()
+        shapes = {
+            "image_size": model.config.vision_config.image_size,
+            "image_tokens": model.config.mm_tokens_per_image,
+            "hidden": shape.hidden,
+            "layers": shape.layers,
+            "kv_heads": shape.kv_heads,
+            "head_dim": shape.head_dim,
+            "vocab": shape.vocab,
+            "sliding_window": shape.sliding_window,
+            "max_sequence": options.max_seq_len,
+            "max_batch": options.max_batch,
+        }
+        eos = model.generation_config.eos_token_id
+        tokens = {
+            "image_token_id": model.config.image_token_id,
+            "boi": model.config.boi_token_id,
+            "eoi": model.config.eoi_token_id,
+            "eos": sorted(set(eos if isinstance(eos, list) else [eos])),
+            "bos": text.bos_token_id,
+        }
 
-    fp32_dir = out / "onnx" / "fp32"
-    with Step(1, "export to ONNX and check against PyTorch in ONNX Runtime"):
-        pixels = torch.from_numpy(reference_pixels(reference, calibration_images[0])).to(reference.dtype)
-        export_graphs(model, fp32_dir, pixels.to(reference.device), progress=lambda g: logger.info("  exported %s", g))
-        parity = check_export_parity(model, fp32_dir, pixels, tolerance=options.parity_tolerance)
-        logger.info("  parity (max relative error): %s", {k: f"{v:.1e}" for k, v in parity.items()})
+        fp32_dir = out / "onnx" / "fp32"
+        with Step(1, "export to ONNX and check against PyTorch in ONNX Runtime"):
+            pixels = torch.from_numpy(reference_pixels(reference, calibration_images[0])).to(reference.dtype)
+            export_graphs(
+                model, fp32_dir, pixels.to(reference.device), progress=lambda g: logger.info("  exported %s", g)
+            )
+            parity = check_export_parity(model, fp32_dir, pixels, tolerance=options.parity_tolerance)
+            logger.info("  parity (max relative error): %s", {k: f"{v:.1e}" for k, v in parity.items()})
 
-    base_manifest = {
-        "model": {"id": checkpoint.model_id, "is_demo": checkpoint.is_demo, "weights_sha256": weights_sha256(options.model_path),
-                  "source_path": str(Path(options.model_path).resolve())},  # fmt: skip
-        "shapes": shapes, "tokens": tokens,
-        "tensorrt": {"target": None, "version": None, "gpu_name": None, "compute_capability": None},
-        "build": {"command": options.command},
-    }  # fmt: skip
-    write_manifest(out, {**base_manifest, "precision": "fp32",
-                         "graphs": {g: {"onnx": f"onnx/fp32/{g}.onnx", "engine": None} for g in GRAPHS}})  # fmt: skip
+        base_manifest = {
+            "model": {
+                "id": checkpoint.model_id,
+                "is_demo": checkpoint.is_demo,
+                "weights_sha256": weights_sha256(options.model_path),
+                "source_path": str(Path(options.model_path).resolve()),
+            },
+            "shapes": shapes,
+            "tokens": tokens,
+            "tensorrt": {"target": None, "version": None, "gpu_name": None, "compute_capability": None},
+            "build": {"command": options.command, "commands": [options.command]},
+        }
+        # The staging folder's own fp32 manifest: lets the fp32 graphs record calibration feeds. Never published.
+        write_manifest(
+            out,
+            {
+                **base_manifest,
+                "precision": "fp32",
+                "graphs": {g: {"onnx": f"onnx/fp32/{g}.onnx", "engine": None} for g in GRAPHS},
+            },
+        )
 
-    precision_dir = out / "onnx" / options.precision
-    precision_dir.mkdir(parents=True, exist_ok=True)
-    with Step(2, f"quantize to {options.precision} with ModelOpt"):
-        feeds, qdq = [], {}
-        if options.precision == "fp32":
-            logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
-        else:
-            fp32_bundle = TRTInference(out, executor="onnxruntime-cpu")
-            progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
-            feeds, pixel_batches = record_decoder_feeds(fp32_bundle, calibration_images, options.calibration_decode_steps,
-                                                        progress=progress.update)  # fmt: skip
-            progress.close()
-            fp32_bundle.close()
-            import numpy as np
+        precision_dir = out / "onnx" / options.precision
+        precision_dir.mkdir(parents=True, exist_ok=True)
+        with Step(2, f"quantize to {options.precision} with ModelOpt"):
+            feeds, qdq = [], {}
+            if options.precision == "fp32":
+                logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
+            else:
+                fp32_bundle = TRTInference(out, executor="onnxruntime-cpu", require_verified=False)
+                progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
+                feeds, pixel_batches = record_decoder_feeds(
+                    fp32_bundle, calibration_images, options.calibration_decode_steps, progress=progress.update
+                )
+                progress.close()
+                fp32_bundle.close()
+                vision_data = {"pixel_values": np.concatenate(pixel_batches)}
+                for graph in GRAPHS:
+                    calibration = vision_data if graph == "vision" else FeedReader(feeds)
+                    quantize_graph(
+                        graph,
+                        fp32_dir / f"{graph}.onnx",
+                        precision_dir / f"{graph}.onnx",
+                        options.precision,
+                        calibration,
+                        options.calibration_method,
+                    )
+                    qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
+                    logger.info("  %s: %s", graph, qdq[graph])
 
-            vision_data = {"pixel_values": np.concatenate(pixel_batches)}
-            for graph in GRAPHS:
-                calibration = vision_data if graph == "vision" else FeedReader(feeds)
-                quantize_graph(graph, fp32_dir / f"{graph}.onnx", precision_dir / f"{graph}.onnx", options.precision,
-                               calibration, options.calibration_method)  # fmt: skip
-                qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
-                logger.info("  %s: %s", graph, qdq[graph])
+        engines = {g: None for g in GRAPHS}
+        trt_record = {"target": None, "version": None, "gpu_name": None, "compute_capability": None}
+        with Step(3, f"build engines with {plan.target or 'no TensorRT (none installed or --target none)'}"):
+            if plan.target is None:
+                logger.warning(
+                    "no engines built: the bundle holds ONNX graphs only. Finish on the GPU host with: "
+                    "python optimize_trt_engine.py --from_onnx %s --target tensorrt",
+                    options.output_path,
+                )
+            else:
+                engines, trt_record = build_engines(out, precision_dir, shapes, plan, options.workspace_gib)
 
-    engines = {g: None for g in GRAPHS}
-    trt_record = {"target": None, "version": None, "gpu_name": None, "compute_capability": None}
-    with Step(3, f"build engines with {target or 'no TensorRT (none installed)'}"):
-        if target is None:
-            logger.warning(
-                "neither tensorrt nor a --target was available: the bundle holds ONNX graphs only. Finish on the GPU "
-                "host with: python optimize_trt_engine.py --from_onnx %s --target tensorrt", out,
-            )  # fmt: skip
-        else:
-            engines, trt_record = build_engines(out, precision_dir, shapes, target, options.workspace_gib)
-
-    with Step(4, "verify against PyTorch on held-out films and write the manifest"):
-        manifest = {**base_manifest, "precision": options.precision, "tensorrt": trt_record,
-                    "graphs": {g: {"onnx": f"onnx/{options.precision}/{g}.onnx", "engine": engines[g]} for g in GRAPHS}}  # fmt: skip
-        write_manifest(out, manifest)
-        bundle = TRTInference(out, executor="onnxruntime-cpu")
-        figures = compare(reference, bundle, held_out, tokens=options.verify_tokens)
-        bundle.close()
-        thresholds = Thresholds(**options.thresholds)
-        failures = check(figures, thresholds)
-        logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
-        manifest["accuracy"] = {**figures, "thresholds": thresholds_record(thresholds), "passed": not failures,
-                                "export_parity_max_relative_error": parity, "executor": "onnxruntime-cpu"}  # fmt: skip
-        manifest["calibration"] = {"films": len(calibration_images), "held_out": len(held_out), "sha256": films.sha256,
-                                   "decoder_feeds": len(feeds), "method": options.calibration_method,
-                                   "below_recommended": len(films.images) < 50, "qdq_nodes": qdq}  # fmt: skip
-        manifest["build"] = {"command": options.command, "seconds": round(time.perf_counter() - started, 1),
-                             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                             "host_python": sys.version.split()[0], "torch": torch.__version__}  # fmt: skip
-        write_manifest(out, manifest)
-        if not options.keep_fp32_onnx and options.precision != "fp32":
-            shutil.rmtree(fp32_dir, ignore_errors=True)
+        with Step(4, f"verify against PyTorch on held-out films ({plan.verify_executor}) and seal the manifest"):
+            manifest = {
+                **base_manifest,
+                "precision": options.precision,
+                "tensorrt": trt_record,
+                "graphs": {g: {"onnx": f"onnx/{options.precision}/{g}.onnx", "engine": engines[g]} for g in GRAPHS},
+            }
+            write_manifest(out, manifest)
+            bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
+            try:
+                figures = measure_accuracy(reference, bundle, held_out, tokens=options.verify_tokens)
+            finally:
+                bundle.close()
+            thresholds = Thresholds(**options.thresholds)
+            failures = check(figures, thresholds)
+            logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
+            if failures:
+                raise AccuracyError(
+                    "precision regression: " + "; ".join(failures) + f" (measured on {plan.verify_reason}; "
+                    f"{options.output_path} left as it was). Figures: {json.dumps(figures)}"
+                )
+            manifest["accuracy"] = {
+                **figures,
+                "thresholds": thresholds_record(thresholds),
+                "passed": True,
+                "failures": [],
+                "export_parity_max_relative_error": parity,
+                "executor": plan.verify_executor,
+                "measured_on": plan.verify_reason,
+                "plans_verified": plan.verify_executor == "tensorrt",
+                "reference": f"PyTorch ({reference.precision}, {reference.device})",
+            }
+            manifest["calibration"] = {
+                "films": len(calibration_images),
+                "held_out": len(held_out),
+                "sha256": films.sha256,
+                "decoder_feeds": len(feeds),
+                "method": options.calibration_method,
+                "real_films": films.real_films,
+                "synthetic_films": len(films.synthetic),
+                "below_recommended": films.real_films < MIN_RECOMMENDED_FILMS,
+                "skipped_files": films.skipped,
+                "qdq_nodes": qdq,
+            }
+            manifest["build"] = {
+                **base_manifest["build"],
+                "seconds": round(time.perf_counter() - started, 1),
+                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "host_python": sys.version.split()[0],
+                "torch": torch.__version__,
+            }
+            if not options.keep_fp32_onnx and options.precision != "fp32":
+                shutil.rmtree(fp32_dir, ignore_errors=True)
+            manifest = seal(out, manifest)
+            write_manifest(out, manifest)
+    finally:
         reference.close()
-        if failures:
-            raise AccuracyError("precision regression: " + "; ".join(failures) + f" (figures in {out}/manifest.json)")
     return manifest
 
 
@@ -201,41 +325,66 @@ def reference_pixels(torch_backend, image):
     return torch_backend.processor.image_processor(images=[image], return_tensors="np")["pixel_values"]
 
 
-def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, target: str, workspace_gib: float):
+def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, plan: BuildPlan, workspace_gib: float):
     from engine_build.builder import EngineBuilder, graph_profiles
 
-    builder = EngineBuilder(target, workspace_gib=workspace_gib, timing_cache=bundle / "engines" / "timing.cache")
+    builder = EngineBuilder(
+        plan.target,
+        workspace_gib=workspace_gib,
+        timing_cache=bundle / "engines" / "timing.cache",
+        compute_capabilities=plan.compute_capabilities or (),
+    )
     profiles = graph_profiles(shapes)
     engines = {}
     for graph in GRAPHS:
         relative = f"engines/{graph}.plan"
         builder.build(onnx_dir / f"{graph}.onnx", bundle / relative, profiles[graph])
         engines[graph] = relative
-    gpu_name, capability = None, None
-    if target == "tensorrt":
+    if plan.target == "tensorrt":
         from trt_inference.runtime.cuda_memory import device_compute_capability
 
         gpu_name, capability = device_compute_capability(0)
     else:
-        from engine_build.builder import RTX_COMPUTE_CAPABILITIES
+        gpu_name, capability = "RTX (ahead of time)", ",".join(plan.compute_capabilities)
+    return engines, {
+        "target": plan.target,
+        "version": builder.version,
+        "gpu_name": gpu_name,
+        "compute_capability": capability,
+        "hardware_compatibility": "NONE",
+    }
 
-        gpu_name, capability = "RTX (ahead of time)", ",".join(RTX_COMPUTE_CAPABILITIES)
-    return engines, {"target": target, "version": builder.version, "gpu_name": gpu_name,
-                     "compute_capability": capability, "hardware_compatibility": "NONE"}  # fmt: skip
 
+def finish_from_onnx(
+    bundle: Path, target: str, workspace_gib: float, compute_capabilities: str | None = None, command: str = ""
+) -> dict:
+    """Build engines for a verified ONNX-only bundle (made where TensorRT was absent); replace it atomically."""
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-def finish_from_onnx(bundle: Path, target: str, workspace_gib: float) -> dict:
-    """Build engines for an ONNX-only bundle (made where TensorRT was absent) and update its manifest."""
-    from engine_bundle.manifest import read_manifest
-
+    bundle = Path(bundle)
     manifest = read_manifest(bundle)
-    onnx_dir = bundle / "onnx" / manifest["precision"]
-    engines, trt_record = build_engines(bundle, onnx_dir, manifest["shapes"], target, workspace_gib)
-    for graph in GRAPHS:
-        manifest["graphs"][graph]["engine"] = engines[graph]
-    manifest["tensorrt"] = trt_record
-    manifest.pop("format", None)
-    write_manifest(bundle, manifest)
+    verify_bundle(bundle, manifest)  # only a bundle that passed its gate, with its files intact, is finished
+    gpu, why_no_gpu = probe_cuda_gpu(0)
+    plan = plan_build(manifest["precision"], target, parse_compute_capabilities(compute_capabilities), gpu, why_no_gpu)
+    staging = make_staging_dir(bundle)
+    try:
+        clone_bundle(bundle, staging)
+        onnx_dir = staging / "onnx" / manifest["precision"]
+        engines, trt_record = build_engines(staging, onnx_dir, manifest["shapes"], plan, workspace_gib)
+        for graph in GRAPHS:
+            manifest["graphs"][graph]["engine"] = engines[graph]
+        manifest["tensorrt"] = trt_record
+        build = manifest.setdefault("build", {})
+        build["commands"] = [*(build.get("commands") or [build.get("command", "")]), command]
+        build["command"] = command
+        # The gate was measured on the ONNX graphs; these plans have not been run. Say so in the record.
+        manifest["accuracy"]["plans_verified"] = False
+        manifest = seal(staging, manifest)
+        write_manifest(staging, manifest)
+        publish(staging, bundle, overwrite=True)
+    except BaseException:
+        discard(staging)
+        raise
     return manifest
 
 

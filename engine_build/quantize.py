@@ -8,12 +8,18 @@ What stays in higher precision, and why:
 - attention's activation-by-activation matmuls (disable_mha_qdq, fp32 accumulation): softmax inputs are the
   part of a transformer most sensitive to INT8 error;
 - lm_head: logits decide every greedy token, and it is one GEMM of dozens per layer stack.
+For fp16/bf16 (AutoCast) the same rule is explicit: every node of a norm (RMSNorm's Pow/ReduceMean/Sqrt/Div
+chain, SigLIP's LayerNormalization), every Softmax and lm_head are excluded by name and type, and AutoCast's
+data-driven rule runs on the calibration films' own activations (nodes whose values exceed fp16's safe range stay
+fp32). The embed graph (a gather) stays exact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -21,6 +27,46 @@ logger = logging.getLogger(__name__)
 QDQ_PRECISIONS = ("int8", "fp8")
 AUTOCAST_PRECISIONS = ("fp16", "bf16")
 KEEP_HIGH_PRECISION_NODES = {"decoder": [r".*lm_head.*"], "vision": [], "embed": []}
+# AutoCast: node-name patterns and op types kept in fp32 (names as torch's exporter scopes them: .../q_norm/Pow).
+AUTOCAST_FP32_NODES = [r".*norm.*", r".*lm_head.*", r"^/[^/]+$"]  # the last: the decoder wrapper's own ops
+AUTOCAST_FP32_OP_TYPES = ["Softmax", "LayerNormalization"]
+AUTOCAST_CALIBRATION_BATCHES = 4  # each is a full reference run with every tensor kept: memory and time
+
+
+class _NoNvmlNoise(logging.Filter):
+    """ModelOpt asks NVML for a GPU count even when calibrating on the CPU, and logs an ERROR where there is no
+    driver. On a CPU build that is expected: say so once at INFO instead of an ERROR line in a successful build."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith("Failed to get GPU count"):
+            if not self.seen:
+                self.seen = True
+                logger.info("  no NVIDIA driver here (%s): ModelOpt calibrates on the CPU", record.getMessage())
+            return False
+        return True
+
+
+def _warnings_and_above(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def _modelopt_logging():
+    """Scoped: ModelOpt's NVML error filtered; AutoCast's per-node INFO lines (hundreds) dropped. Filters, not
+    levels: AutoCast re-configures its logger's level on every call."""
+    onnx_logger, autocast_logger = logging.getLogger("modelopt.onnx"), logging.getLogger("modelopt.onnx.autocast")
+    nvml_filter = _NoNvmlNoise()
+    onnx_logger.addFilter(nvml_filter)
+    autocast_logger.addFilter(_warnings_and_above)
+    try:
+        yield
+    finally:
+        onnx_logger.removeFilter(nvml_filter)
+        autocast_logger.removeFilter(_warnings_and_above)
 
 
 def quantize_graph(
@@ -31,24 +77,30 @@ def quantize_graph(
         shutil.copyfile(source, target)
         return target
     if precision in AUTOCAST_PRECISIONS:
-        import onnx
-        from modelopt.onnx.autocast import convert_to_mixed_precision
-
-        model = convert_to_mixed_precision(
-            onnx_path=str(source), low_precision_type=precision, keep_io_types=True, providers=["cpu"]
-        )
-        onnx.save(model, str(target))
+        if graph == "embed":  # a gather: exact in fp32, and nothing to gain in accuracy from casting it
+            shutil.copyfile(source, target)
+            return target
+        with _modelopt_logging():
+            _autocast(graph, source, target, precision, calibration)
         return target
     if precision not in QDQ_PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}")
-    from modelopt.onnx.quantization import quantize
-
     kwargs = (
         {"calibration_data": calibration} if isinstance(calibration, dict) else {"calibration_data_reader": calibration}
     )
     if graph == "embed":  # a gather, nothing to calibrate: keep it exact
         shutil.copyfile(source, target)
         return target
+    with _modelopt_logging():
+        _quantize_qdq(graph, source, target, precision, calibration_method, kwargs)
+    if not target.is_file():
+        raise RuntimeError(f"ModelOpt wrote no output for {source.name}")
+    return target
+
+
+def _quantize_qdq(graph: str, source: Path, target: Path, precision: str, calibration_method: str, kwargs) -> None:
+    from modelopt.onnx.quantization import quantize
+
     quantize(
         onnx_path=str(source),
         quantize_mode=precision,
@@ -63,9 +115,53 @@ def quantize_graph(
         use_external_data_format=_is_large(source),
         **kwargs,
     )
-    if not target.is_file():
-        raise RuntimeError(f"ModelOpt wrote no output for {source.name}")
-    return target
+
+
+def _autocast(graph: str, source: Path, target: Path, precision: str, calibration) -> None:
+    """AutoCast with norms, softmax and lm_head pinned to fp32, its data rule fed the calibration activations."""
+    import numpy as np
+    import onnx
+    from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    with tempfile.TemporaryDirectory(prefix="autocast-", dir=target.parent) as scratch:
+        calibration_dir = None
+        batches = _calibration_batches(calibration)
+        if batches:
+            calibration_dir = Path(scratch)
+            for index, batch in enumerate(batches[:AUTOCAST_CALIBRATION_BATCHES]):
+                np.savez(calibration_dir / f"batch_{index:04d}.npz", **batch)
+        model = convert_to_mixed_precision(
+            onnx_path=str(source),
+            low_precision_type=precision,
+            nodes_to_exclude=AUTOCAST_FP32_NODES,
+            op_types_to_exclude=AUTOCAST_FP32_OP_TYPES,
+            keep_io_types=True,
+            calibration_data=str(calibration_dir) if calibration_dir else None,
+            providers=["cpu"],
+        )
+    if _is_large(source):
+        onnx.save_model(
+            model,
+            str(target),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=f"{target.name}.data",
+            size_threshold=1024,
+        )
+    else:
+        onnx.save(model, str(target))
+
+
+def _calibration_batches(calibration) -> list[dict]:
+    """Feeds for AutoCast's reference run: a {name: batch array} dict is split per sample; a FeedReader as is."""
+    if calibration is None:
+        return []
+    if isinstance(calibration, dict):
+        count = len(next(iter(calibration.values())))
+        return [{name: value[index : index + 1] for name, value in calibration.items()} for index in range(count)]
+    feeds = list(getattr(calibration, "feeds", []))
+    step = max(1, len(feeds) // AUTOCAST_CALIBRATION_BATCHES)
+    return feeds[::step]
 
 
 def _is_large(path: Path) -> bool:

@@ -6,6 +6,7 @@ Read before anything is deserialised; no torch here (the runtime imports it).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 MANIFEST_NAME = "manifest.json"
@@ -17,8 +18,11 @@ class ManifestError(ValueError):
 
 
 def write_manifest(bundle_dir: Path, manifest: dict) -> Path:
+    """Write manifest.json by rename, so a reader never sees half a manifest and a hard-linked copy stays as it was."""
     path = Path(bundle_dir) / MANIFEST_NAME
-    path.write_text(json.dumps({"format": FORMAT_VERSION, **manifest}, indent=2, sort_keys=True) + "\n")
+    temporary = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps({"format": FORMAT_VERSION, **manifest}, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, path)
     return path
 
 
@@ -42,11 +46,17 @@ def read_manifest(bundle_dir: Path) -> dict:
 
 
 def rebuild_command(manifest: dict) -> str:
+    """The commands that made this bundle, in order (a build, then perhaps --from_onnx), ready to run again."""
     build = manifest.get("build", {})
-    return build.get("command") or (
-        "python optimize_trt_engine.py --model_path MODEL --calib_images FILMS "
-        f"--precision {manifest.get('precision', 'int8')} --output_path DIR"
-    )
+    commands = list(build.get("commands") or ([build["command"]] if build.get("command") else []))
+    if not commands:
+        return (
+            "python optimize_trt_engine.py --model_path MODEL --calib_images FILMS "
+            f"--precision {manifest.get('precision', 'int8')} --output_path DIR --overwrite"
+        )
+    if "--output_path" in commands[0] and "--overwrite" not in commands[0]:
+        commands[0] += " --overwrite"
+    return " && ".join(commands)
 
 
 def check_tensorrt_version(manifest: dict, runtime_version: str) -> None:

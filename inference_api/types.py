@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from inference_api.errors import RequestError
@@ -11,6 +12,25 @@ SYSTEM_PROMPT = "You are an expert radiologist."
 DEFAULT_MAX_NEW_TOKENS = 300  # what Google's MedGemma examples use for image questions
 MAX_MAX_NEW_TOKENS = 2048
 FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class Mode(StrEnum):
+    """Which backend serves: the one spelling used everywhere (settings, status, scripts, metrics)."""
+
+    PYTORCH = "pytorch"
+    TRT = "trt"
+
+    @property
+    def label(self) -> str:
+        return {"pytorch": "PyTorch", "trt": "TensorRT"}[self.value]
+
+    @classmethod
+    def parse(cls, value: str) -> Mode:
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            valid = ", ".join(mode.value for mode in cls)
+            raise ValueError(f"unknown mode {value!r}; valid modes: {valid}") from None
 
 
 @dataclass(frozen=True)
@@ -60,7 +80,7 @@ class TokenStep:
 
 @dataclass(frozen=True)
 class BackendInfo:
-    mode: Literal["pytorch", "tensorrt"]
+    mode: Mode
     precision: str  # "bf16", "fp32", "int8", ...
     device: str  # "cpu", "NVIDIA H200", ...
     executor: str  # "transformers", "transformers-fast", "tensorrt", "onnxruntime-cpu"
@@ -70,7 +90,7 @@ class BackendInfo:
 
     @property
     def mode_label(self) -> str:
-        return {"pytorch": "PyTorch", "tensorrt": "TensorRT"}[self.mode]
+        return self.mode.label
 
 
 @dataclass
@@ -90,6 +110,7 @@ class GenerationStats:
     token_ids: list[int] = field(default_factory=list)
     token_logprobs: list[float] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # time.perf_counter() when each token was accepted
 
     @property
     def tokens_per_s(self) -> float | None:

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Start the server (background by default), wait until the model is warmed up, and report the URL.
+# Start the server (background by default), wait until this start's own server is warmed up, and report the URL.
 # Usage: start_gradio.sh [--foreground] [--mode pytorch|trt] [--engine_path DIR] [--model_path DIR]
 #                        [--port N] [--host ADDR] [--timeout SECONDS]
+# Exit status: 0 ready; 1 already running, another start under way, or start-up failed; otherwise the server's
+# own (serving/exit_codes.py): 2 bad configuration, 98 HOST:PORT taken (found before the model loads).
+# --foreground (systemd) execs app.py in place, so its exit status is the server's.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -20,52 +23,86 @@ while [[ $# -gt 0 ]]; do
     --port) [[ $# -ge 2 ]] || die "--port needs a value"; port=$2; shift 2 ;;
     --host) [[ $# -ge 2 ]] || die "--host needs a value"; host=$2; shift 2 ;;
     --timeout) [[ $# -ge 2 ]] || die "--timeout needs a value"; timeout_s=$2; shift 2 ;;
-    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
-app_args+=(--host "${host}" --port "${port}" --log_file "${LOG_FILE}")
+instance=$(</proc/sys/kernel/random/uuid)
+app_args+=(--host "${host}" --port "${port}" --log_file "${LOG_FILE}" --instance_id "${instance}")
 
 require_venv
 mkdir -p "${LOG_DIR}"
 if pid=$(running_pid); then
   die "already running (PID ${pid}); stop it first with scripts/stop_gradio.sh"
 fi
-if [[ -f "${PID_FILE}" ]]; then
-  echo "removing stale PID file (the last server did not stop cleanly)"
-  rm -f "${PID_FILE}"
+open_lock
+# A few seconds' grace: a killed server's threads may still be letting go of the lock.
+if ! flock -w 3 9; then
+  if pid=$(running_pid); then
+    die "already running (PID ${pid}); stop it first with scripts/stop_gradio.sh"
+  fi
+  die "another start is under way for ${LOG_DIR} (${LOCK_FILE} is locked); wait for it, then run scripts/status_gradio.sh"
+fi
+# The lock is ours, so no server of this LOG_DIR lives (it would hold the lock): a PID file is stale.
+if [[ -e "${PID_FILE}" ]]; then
+  echo "removing stale PID file, control socket and token (the last server did not stop cleanly)"
+  remove_stale_files
 fi
 cd "${REPO_ROOT}"
 
+write_pid_file() {
+  printf '%s\n' "$1" >"${PID_FILE}.new"
+  mv -f "${PID_FILE}.new" "${PID_FILE}"  # atomic: a concurrent status never reads a half-written file
+}
+
 if [[ "${foreground}" == true ]]; then
-  echo $$ >"${PID_FILE}"
-  exec "${VENV_PYTHON}" app.py "${app_args[@]}"
+  write_pid_file $$
+  # exec keeps this PID (the PID file stays right) and descriptor 9: the server holds the lock for its life.
+  exec "${VENV_PYTHON}" "${APP_PY}" "${app_args[@]}"
 fi
 
-nohup "${VENV_PYTHON}" app.py "${app_args[@]}" >>"${CONSOLE_LOG}" 2>&1 </dev/null &
+nohup "${VENV_PYTHON}" "${APP_PY}" "${app_args[@]}" >>"${CONSOLE_LOG}" 2>&1 </dev/null &
 pid=$!
-echo "${pid}" >"${PID_FILE}"
+write_pid_file "${pid}"
 echo "starting (PID ${pid}); waiting up to ${timeout_s} s for the model to warm up"
 
+case "${host}" in
+  0.0.0.0) probe_host=127.0.0.1 ;;
+  ::|"[::]") probe_host="[::1]" ;;
+  *:*) probe_host="[${host#[}"; probe_host="${probe_host%]}]" ;;
+  *) probe_host=${host} ;;
+esac
+url="http://${probe_host}:${port}"
 deadline=$((SECONDS + timeout_s))
-until "${VENV_PYTHON}" - "${host}" "${port}" <<'PY' 2>/dev/null
-import sys, urllib.request
-with urllib.request.urlopen(f"http://{sys.argv[1]}:{sys.argv[2]}/readyz", timeout=2) as reply:
-    sys.exit(0 if reply.status == 200 else 1)
-PY
-do
-  if ! kill -0 "${pid}" 2>/dev/null; then
+someone_else=""
+while :; do
+  probe=0
+  answer=$(py -m serving.readiness --url "${url}" --instance "${instance}") || probe=$?
+  if ((probe == 0)); then
+    break
+  elif ((probe == 2)); then
+    someone_else=${answer}
+  fi
+  if ! kill -0 "${pid}" 2>/dev/null; then  # our own child: kill -0 cannot meet EPERM here
+    code=0
+    wait "${pid}" || code=$?
     rm -f "${PID_FILE}"
-    echo "error: the server exited during start-up. Last lines of ${LOG_FILE}:" >&2
+    echo "error: the server exited during start-up with status ${code} (2: bad configuration, 98: the port" \
+      "is taken; see serving/exit_codes.py). Last lines of ${LOG_FILE} and ${CONSOLE_LOG}:" >&2
     tail -n 25 "${LOG_FILE}" "${CONSOLE_LOG}" >&2 2>/dev/null || true
-    exit 1
+    exit $((code == 0 ? 1 : code))
   fi
   if ((SECONDS >= deadline)); then
-    echo "error: not ready after ${timeout_s} s; stopping it. Last lines of ${LOG_FILE}:" >&2
+    echo "error: not ready after ${timeout_s} s${someone_else:+ (${someone_else})}; stopping it." \
+      "Last lines of ${LOG_FILE}:" >&2
     tail -n 25 "${LOG_FILE}" >&2 || true
-    "${REPO_ROOT}/scripts/stop_gradio.sh" >/dev/null || true
+    kill -TERM "${pid}" 2>/dev/null || true
+    for _ in $(seq 60); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.5; done
+    kill -KILL "${pid}" 2>/dev/null || true
+    wait "${pid}" || true
+    remove_stale_files
     exit 1
   fi
-  sleep 1
+  sleep 0.5
 done
 echo "ready: http://${host}:${port} (PID ${pid}, log ${LOG_FILE})"

@@ -1,36 +1,66 @@
 #!/usr/bin/env bash
-# Stop the server gracefully (SIGTERM lets running requests finish), SIGKILL after a timeout.
-# Usage: stop_gradio.sh [--timeout SECONDS]
+# Stop the server gracefully: SIGTERM lets running answers finish for up to DRAIN_TIMEOUT_S (the server's own
+# setting, read through python -m serving.settings), then SIGKILL if it is still there. Cleans what a dead server left.
+# Usage: stop_gradio.sh [--timeout SECONDS]   (default: DRAIN_TIMEOUT_S + 15 s for the server's own shutdown)
+# Exit status: 0 stopped, or not running; 4 not allowed to signal it (run as the service's user or root).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-timeout_s=${STOP_TIMEOUT:-60}
+# After the drain the server still closes uvicorn (3 s) and the backends: this is the allowance for that.
+shutdown_allowance_s=15
+timeout_s=""
 if [[ "${1:-}" == "--timeout" ]]; then
   [[ $# -ge 2 ]] || die "--timeout needs a value"
   timeout_s=$2
 fi
 
-if ! pid=$(running_pid); then
-  if [[ -f "${PID_FILE}" ]]; then
-    rm -f "${PID_FILE}"
-    echo "not running; removed a stale PID file"
-  else
-    echo "not running"
-  fi
-  exit 0
-fi
+state=0
+pid=$(running_pid) || state=$?
+case ${state} in
+  0) ;;
+  1) echo "not running"; exit 0 ;;
+  2)
+    open_lock
+    if flock -w 3 9; then  # no start is under way, so nothing alive owns these files
+      remove_stale_files
+      echo "not running; removed a stale PID file, control socket and token"
+    else
+      echo "not running yet: a start is under way and owns ${PID_FILE}; run stop_gradio.sh again once it is up"
+    fi
+    exit 0 ;;
+  *)
+    echo "error: cannot tell whether the server runs: this user may not read ${PID_FILE} or /proc/${pid:-PID};" \
+      "run stop_gradio.sh as the service's user or root" >&2
+    exit 4 ;;
+esac
 
-echo "stopping PID ${pid} (SIGTERM; running requests may take up to ${timeout_s} s to finish)"
-kill -TERM "${pid}"
+require_venv
+drain_s=$(setting_seconds drain_timeout_s) || die "cannot read DRAIN_TIMEOUT_S (see above)"
+timeout_s=${timeout_s:-$((drain_s + shutdown_allowance_s))}
+echo "stopping PID ${pid} (SIGTERM: running answers get up to ${drain_s} s to finish; SIGKILL after ${timeout_s} s)"
+if ! kill -TERM "${pid}" 2>/dev/null && [[ -d "/proc/${pid}" ]]; then
+  echo "error: not allowed to signal PID ${pid} (it runs as user $(stat -c %U "/proc/${pid}")); run" \
+    "stop_gradio.sh as that user or root" >&2
+  exit 4
+fi
 deadline=$((SECONDS + timeout_s))
-while kill -0 "${pid}" 2>/dev/null; do
+while [[ $(process_identity "${pid}") == ours ]]; do
   if ((SECONDS >= deadline)); then
     echo "still running after ${timeout_s} s: sending SIGKILL"
     kill -KILL "${pid}" 2>/dev/null || true
+    deadline=$((SECONDS + 10))
+    while [[ $(process_identity "${pid}") == ours ]] && ((SECONDS < deadline)); do sleep 0.2; done
     break
   fi
   sleep 0.5
 done
-rm -f "${PID_FILE}" "${CONTROL_SOCKET}" "${CONTROL_SOCKET%.sock}.token"
+# Exited, perhaps still a zombie: give its parent (often init) a moment to reap it, so "stopped" means gone.
+for _ in $(seq 25); do [[ -d "/proc/${pid}" ]] || break; sleep 0.2; done
+open_lock
+if flock -w 5 9; then  # the server has let go of the lock: its files are ours to clean
+  remove_stale_files
+else
+  echo "warning: ${LOCK_FILE} is still held (a new start, or a process the server left); leaving the files" >&2
+fi
 echo "stopped"

@@ -1,7 +1,7 @@
 """Host-only control channel for the operator scripts: a Unix socket (0600) plus a token file (0600).
 
-Protocol: one JSON object per line in, one per line out. {"token": ..., "command": "status" | "switch" |
-"inject_fault", ...}. The public UI port has no route that can reach any of this.
+Protocol: one JSON object per line in, one per line out: {"token": ..., "command": "status" | "switch", ...}.
+The public UI port has no route that can reach any of this.
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def _make_handler(service, token: str):
 def _dispatch(service, request: dict) -> dict:
     from dataclasses import asdict
 
+    from inference_api.errors import RequestError
     from serving.service import SwitchError
 
     command = request.get("command")
@@ -106,14 +107,14 @@ def _dispatch(service, request: dict) -> dict:
             return {"ok": True, "status": service.status()}
         if command == "switch":
             record = service.switch_to(str(request.get("mode")), reason="operator request")
-            return {"ok": True, "switch": {**asdict(record), "interruption_s": record.interruption_s},
-                    "status": service.status()}  # fmt: skip
-        if command == "inject_fault":
-            service.inject_faults(int(request.get("count", 0)))
-            return {"ok": True}
-    except (SwitchError, ValueError, PermissionError) as exc:
+            return {
+                "ok": True,
+                "switch": {**asdict(record), "interruption_s": record.interruption_s},
+                "status": service.status(),
+            }
+    except (SwitchError, RequestError) as exc:
         return {"ok": False, "error": str(exc), "status": service.status()}
-    return {"ok": False, "error": f"unknown command {command!r}; valid: status, switch, inject_fault"}
+    return {"ok": False, "error": f"unknown command {command!r}; valid: status, switch"}
 
 
 def send_command(socket_path: Path, payload: dict, timeout_s: float = 600.0) -> dict:

@@ -1,6 +1,9 @@
-"""Command line over the control channel, for the operator scripts: status, switch, inject-fault.
+"""Command line over the control channel, for the operator scripts: status and switch.
 
 Exit status: 0 success; 1 the server refused or the switch failed (current mode kept); 3 not reachable.
+`status` (given --pid of a live process by status_gradio.sh) instead answers for a server it cannot reach:
+150 "starting" (the channel does not answer yet: loading the model, or hung), 4 "unknown" (this user may not
+use the channel). With --json it prints one JSON object in every case.
 """
 
 from __future__ import annotations
@@ -11,9 +14,18 @@ import sys
 import time
 from pathlib import Path
 
+from inference_api.types import Mode
 from serving.control import send_command
 
-MODE_LABELS = {"pytorch": "PyTorch", "trt": "TensorRT", None: "none"}
+STATUS_STARTING = 150  # LSB leaves 150-199 to applications
+STATUS_UNKNOWN = 4
+
+
+def mode_label(mode: str | None) -> str:
+    try:
+        return Mode.parse(mode).label if mode else "none"
+    except ValueError:
+        return str(mode)
 
 
 def _duration(seconds: float) -> str:
@@ -34,19 +46,22 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Status: running (PID {pid if pid else '?'}, uptime {_duration(status['uptime_s'])})",
         f"URL: {status['url']}",
         f"Ready: {'yes' if status['ready'] else 'no (warming up)'}",
-        f"Inference Mode: {MODE_LABELS.get(status['mode'], status['mode'])}",
+        f"Inference Mode: {mode_label(status['mode'])}",
         f"TRT Engine: {status['trt_engine']}",
         f"Executor: {backend.get('executor', 'n/a')}",
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
         f"Model: {backend.get('model_id', 'n/a')}" + ("  [DEMO: random weights]" if backend.get("is_demo") else ""),
         f"Device: {backend.get('device', 'n/a')}",
     ]
+    measured_on = (backend.get("details") or {}).get("accuracy_measured_on")
+    if measured_on:
+        lines.append(f"Engine accuracy measured on: {measured_on}")
     switch = status.get("last_switch")
     if switch:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))
         lines.append(
-            f"Last switch: {MODE_LABELS.get(switch['source'], switch['source'])} -> "
-            f"{MODE_LABELS.get(switch['target'], switch['target'])} at {when} ({switch['reason']}); "
+            f"Last switch: {mode_label(switch['source'])} -> "
+            f"{mode_label(switch['target'])} at {when} ({switch['reason']}); "
             f"interruption {_ms(switch['interruption_s'])}, load {switch['load_s']:.2f} s"
         )
     else:
@@ -60,7 +75,7 @@ def format_status(status: dict, pid: int | None) -> str:
     requests, latency = status["requests"], status["latency"]
     lines.append(
         f"Requests: {int(requests['requests'])}, errors: {int(requests['errors'])}, "
-        f"latency p50 {_ms(latency['p50_s'])}, p99 {_ms(latency['p99_s'])}, queue {status['queue_depth']}"
+        f"latency p50 {_ms(latency['p50_s'])}, p99 {_ms(latency['p99_s'])}, waiting {status['requests_waiting']}, running {status['requests_running']}"
     )
     gpus = status.get("gpus") or []
     if gpus:
@@ -74,44 +89,65 @@ def format_status(status: dict, pid: int | None) -> str:
     return "\n".join(lines)
 
 
+def unreachable_status(args: argparse.Namespace, exc: Exception) -> int:
+    """A live process whose channel does not answer is starting (or hung), not stopped."""
+    if isinstance(exc, PermissionError):
+        code, state, running = STATUS_UNKNOWN, "unknown", True
+        detail = f"PID {args.pid} is alive, but its control channel refused this user ({exc}): run as its user or root"
+    else:
+        code, state, running = STATUS_STARTING, "starting", True
+        detail = (
+            f"PID {args.pid} is alive, but its control channel at {args.socket} does not answer yet ({exc}): "
+            f"it is loading the model, or it hangs; see {args.log or 'its log'}"
+        )
+    if args.json:
+        print(json.dumps({"running": running, "state": state, "pid": args.pid, "ready": False, "detail": detail}))
+    else:
+        print(f"Status: {state} ({detail})")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--socket", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server's reply")
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status")
     status.add_argument("--json", action="store_true")
     status.add_argument("--pid", type=int)
+    status.add_argument("--log", help="the server's log, named when it does not answer")
     switch = commands.add_parser("switch")
-    switch.add_argument("mode", choices=["pytorch", "trt"])
-    fault = commands.add_parser("inject-fault")
-    fault.add_argument("count", type=int)
+    switch.add_argument("mode", choices=[mode.value for mode in Mode])
     args = parser.parse_args(argv)
 
     payload = {"command": args.command.replace("-", "_")}
     if args.command == "switch":
         payload["mode"] = args.mode
-    if args.command == "inject-fault":
-        payload["count"] = args.count
     try:
-        reply = send_command(args.socket, payload)
+        reply = send_command(args.socket, payload, timeout_s=args.timeout)
     except (OSError, ValueError) as exc:
+        if args.command == "status" and args.pid is not None:
+            return unreachable_status(args, exc)
         print(f"error: cannot reach the server's control channel at {args.socket}: {exc}", file=sys.stderr)
         return 3
 
     if args.command == "status":
+        if not reply.get("ok") and args.pid is not None:
+            return unreachable_status(args, PermissionError(reply.get("error")))
         if args.json:
-            print(json.dumps({"running": True, "pid": args.pid, **reply.get("status", {})}, indent=2, default=str))
+            body = {"running": True, "state": "running", "pid": args.pid, **reply.get("status", {})}
+            print(json.dumps(body, indent=2, default=str))
         else:
             print(format_status(reply["status"], args.pid))
         return 0
     if not reply.get("ok"):
         print(f"error: {reply.get('error')}", file=sys.stderr)
         if reply.get("status"):
-            print(f"Inference Mode still: {MODE_LABELS.get(reply['status']['mode'])}", file=sys.stderr)
+            print(f"Inference Mode still: {mode_label(reply['status']['mode'])}", file=sys.stderr)
         return 1
     if args.command == "switch":
         record, status = reply["switch"], reply["status"]
-        print(f"Inference Mode: {MODE_LABELS.get(status['mode'])}")
+        print(f"Inference Mode: {mode_label(status['mode'])}")
         print(f"TRT Engine: {status['trt_engine']}")
         print(
             f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}"

@@ -18,19 +18,30 @@ class ServiceMetrics:
 
         self.registry = CollectorRegistry()
         self.request_latency = Histogram(
-            "medgemma_request_latency_seconds", "Whole-answer latency", ["mode"], buckets=LATENCY_BUCKETS,
+            "medgemma_request_latency_seconds",
+            "Whole-answer latency",
+            ["mode"],
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.time_to_first_token = Histogram(
-            "medgemma_time_to_first_token_seconds", "Time to the first generated token", ["mode"],
-            buckets=TTFT_BUCKETS, registry=self.registry,
-        )  # fmt: skip
+            "medgemma_time_to_first_token_seconds",
+            "Time to the first generated token",
+            ["mode"],
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
         self.tokens = Counter("medgemma_generated_tokens", "Tokens generated", ["mode"], registry=self.registry)
         self.requests = Counter("medgemma_requests", "Answered requests", ["mode"], registry=self.registry)
         self.errors = Counter("medgemma_errors", "Failed requests or attempts", ["kind"], registry=self.registry)
         self.switches = Counter("medgemma_switches", "Backend switches", ["target"], registry=self.registry)
         self.breaker_trips = Counter("medgemma_breaker_trips", "Circuit-breaker trips", registry=self.registry)
-        self.queue_depth = Gauge("medgemma_queue_depth", "Requests waiting or running", registry=self.registry)
+        self.requests_waiting = Gauge(
+            "medgemma_requests_waiting", "Answers queued for a decode slot", registry=self.registry
+        )
+        self.requests_running = Gauge(
+            "medgemma_requests_running", "Answers being prefilled or decoded", registry=self.registry
+        )
         self.switch_interruption = Gauge(
             "medgemma_switch_interruption_seconds", "Longest wait caused by the last switch", registry=self.registry
         )
@@ -39,7 +50,13 @@ class ServiceMetrics:
         self._lock = threading.Lock()
         _register_gpu_collector(self.registry)
 
+    def bind_queue(self, waiting, running) -> None:
+        """Read both queue gauges from the service at scrape time (callables returning counts)."""
+        self.requests_waiting.set_function(waiting)
+        self.requests_running.set_function(running)
+
     def observe_request(self, mode: str, seconds: float, first_token_s: float | None, tokens: int) -> None:
+        mode = str(mode)
         self.request_latency.labels(mode).observe(seconds)
         if first_token_s is not None:
             self.time_to_first_token.labels(mode).observe(first_token_s)

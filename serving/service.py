@@ -1,8 +1,9 @@
 """The running model: which backend serves, hot switching, the TensorRT circuit breaker, and metrics.
 
-Handlers never hold a backend across a switch: each request leases the current backend for its duration.
-A switch loads and warms the target first, then swaps the reference under a lock held for microseconds;
-requests already running finish on the old backend, which is closed once they drain.
+One state object, guarded by one condition variable: the current backend, the standby ones, and a lease count on
+each. A request leases a backend for its whole answer, so handlers never hold one across a switch. A switch loads
+and warms the target first while requests keep flowing, then swaps the reference under the condition; answers
+already running finish on the old backend, which is closed once its leases drain (or kept as a standby).
 """
 
 from __future__ import annotations
@@ -14,15 +15,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
-from inference_api.contract import BackendInfo, GenerationRequest, GenerationStats, InferenceBackend
+from inference_api.contract import InferenceBackend
+from inference_api.errors import RequestError
+from inference_api.types import BackendInfo, GenerationRequest, GenerationStats, Mode
 from serving.breaker import CircuitBreaker
 from serving.factory import create_backend
 from serving.metrics import ServiceMetrics, gpu_memory_snapshot
+from serving.scheduler import AnswerTimeoutError, Scheduler, SchedulerBusyError, SchedulerClosedError
 from serving.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-MODE_LABELS = {"pytorch": "PyTorch", "trt": "TensorRT"}
 
 
 class SwitchError(RuntimeError):
@@ -30,11 +32,7 @@ class SwitchError(RuntimeError):
 
 
 class ServiceUnavailable(RuntimeError):
-    """No backend can take the request right now (starting or shutting down); the user should retry."""
-
-
-class InjectedFault(RuntimeError):
-    """Raised on the TensorRT path by the test-only fault switch."""
+    """No backend can take the request right now (starting, shutting down, or busy); the user should retry."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class SwitchRecord:
     target: str
     at: float  # time.time()
     load_s: float  # loading and warming the target (requests kept flowing meanwhile)
-    swap_s: float  # how long new requests were held out by the swap
+    swap_s: float  # how long the reference swap held the state lock
     max_wait_s: float  # longest any request waited for a backend while the switch ran
     reason: str
 
@@ -52,274 +50,339 @@ class SwitchRecord:
         return max(self.swap_s, self.max_wait_s)
 
 
+class Served:
+    """A loaded backend, the scheduler that drives it, and how many requests hold it."""
+
+    def __init__(self, mode: Mode, backend: InferenceBackend, scheduler: Scheduler) -> None:
+        self.mode, self.backend, self.scheduler = mode, backend, scheduler
+        self.leases = 0
+        self.retired = False
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop the scheduler (a hung backend call cannot hold this forever), then release the model."""
+        if not self.scheduler.close(timeout_s):
+            logger.warning(
+                "the %s scheduler did not stop within %.0f s; closing its backend anyway", self.mode, timeout_s
+            )
+        self.backend.close()
+
+
 class InferenceService:
     def __init__(
         self,
         settings: Settings,
-        backend_factory: Callable[[str, Settings], InferenceBackend] = create_backend,
+        backend_factory: Callable[[Mode, Settings], InferenceBackend] = create_backend,
     ) -> None:
         self.settings = settings
         self._factory = backend_factory
         self.metrics = ServiceMetrics()
         self.breaker = CircuitBreaker(settings.breaker_failures)
-        self._swap_lock = threading.Lock()  # guards _current/_mode; held only to read or swap the reference
-        self._switch_lock = threading.Lock()  # one switch at a time
-        self._drained = threading.Condition()
-        self._in_flight: dict[int, int] = {}
-        self._current: InferenceBackend | None = None
-        self._mode: str | None = None
-        self._standby: dict[str, InferenceBackend] = {}
+        self._state = threading.Condition()  # guards every field below
+        self._current: Served | None = None
+        self._standby: dict[Mode, Served] = {}
+        self._draining = False
         self._switch_started: float | None = None
         self._switch_max_wait = 0.0
-        self._waiting = 0
-        self._fault_remaining = 0
-        self._draining = False
+        self._switch_lock = threading.Lock()  # one load at a time: switches and the breaker's fallback
         self.started_at = time.time()
         self.last_switch: SwitchRecord | None = None
         self.trt_state = "Not loaded"
         self.ready = threading.Event()
+        self.metrics.bind_queue(self._count_waiting, self._count_running)
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Load and warm the configured backend. Raises if it cannot load (the start script shows why)."""
-        mode = self.settings.inference_mode
-        backend = self._load(mode)
-        with self._swap_lock:
-            self._current, self._mode = backend, mode
+        served = self._load(self.settings.inference_mode)
+        with self._state:
+            self._current = served
         self.ready.set()
         self.metrics.ready.set(1)
 
     def drain(self, timeout_s: float) -> bool:
         """Stop admitting requests and wait for running ones. True if all finished within the timeout."""
-        self._draining = True
-        self.ready.clear()
-        self.metrics.ready.set(0)
-        with self._drained:
-            return self._drained.wait_for(lambda: not any(self._in_flight.values()) and self._waiting == 0, timeout_s)
+        with self._state:
+            self._draining = True
+            self.ready.clear()
+            self.metrics.ready.set(0)
+            return self._state.wait_for(lambda: self._total_leases() == 0, timeout_s)
 
     def close(self) -> None:
         self.ready.clear()
         self.metrics.ready.set(0)
-        with self._swap_lock:
-            backends = [self._current, *self._standby.values()]
+        with self._state:
+            self._draining = True
+            served = [s for s in (self._current, *self._standby.values()) if s is not None]
             self._current, self._standby = None, {}
-        for backend in backends:
-            if backend is not None:
-                backend.close()
+        for item in served:
+            item.close(timeout_s=5)
 
     @property
-    def mode(self) -> str | None:
-        return self._mode
+    def mode(self) -> Mode | None:
+        current = self._current
+        return current.mode if current is not None else None
 
     def info(self) -> BackendInfo | None:
-        backend = self._current
-        return backend.info() if backend is not None else None
+        current = self._current
+        return current.backend.info() if current is not None else None
 
     # --- serving -------------------------------------------------------------------------------------------------
     @contextmanager
-    def _lease(self) -> Iterator[tuple[InferenceBackend, str]]:
-        if self._draining:
-            raise ServiceUnavailable("The server is shutting down; try again in a minute.")
+    def _lease(self, mode: Mode | None = None) -> Iterator[Served]:
+        """Hold the current backend (or the loaded one of `mode`) for the duration of one answer."""
         asked = time.perf_counter()
-        with self._drained:
-            self._waiting += 1
-        self.metrics.queue_depth.inc()
-        try:
-            with self._swap_lock:
-                backend, mode = self._current, self._mode
-                if backend is None or mode is None:
-                    raise ServiceUnavailable("The model is not loaded yet; try again in a moment.")
-                self._in_flight[id(backend)] = self._in_flight.get(id(backend), 0) + 1
-            waited = time.perf_counter() - asked
+        with self._state:
+            if self._draining:
+                raise ServiceUnavailable("The server is shutting down; try again in a minute.")
+            served = self._current if mode is None else self._loaded(mode)
+            if served is None:
+                raise ServiceUnavailable("The model is not loaded yet; try again in a moment.")
+            served.leases += 1
             if self._switch_started is not None:
-                self._switch_max_wait = max(self._switch_max_wait, waited)
-            yield backend, mode
+                self._switch_max_wait = max(self._switch_max_wait, time.perf_counter() - asked)
+        try:
+            yield served
         finally:
-            with self._drained:
-                self._waiting -= 1
-                if "backend" in locals():
-                    self._in_flight[id(backend)] -= 1
-                self._drained.notify_all()
-            self.metrics.queue_depth.dec()
+            with self._state:
+                served.leases -= 1
+                self._state.notify_all()
 
-    def stream_answer(self, request: GenerationRequest) -> Iterator[str]:
-        """Yield the answer so far (cumulative text). A TensorRT failure restarts the answer on PyTorch."""
+    def stream_answer(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Iterator[str]:
+        """Yield the answer so far (cumulative text). A TensorRT failure restarts the answer on PyTorch.
+
+        Raises RequestError (the user's to fix), ServiceUnavailable (retry later) or the backend's error.
+        """
+        stats = stats if stats is not None else GenerationStats()
         started = time.perf_counter()
-        stats = GenerationStats()
-        with self._lease() as (backend, mode):
-            if mode != "trt":
-                yield from self._stream_on(backend, request, stats)
-                self._observe(mode, started, stats)
+        with self._lease() as served:
+            if served.mode is not Mode.TRT:
+                yield from self._answer_on(served, request, stats, started)
                 return
             try:
-                yield from self._stream_on_trt(backend, request, stats)
-            except ValueError:  # the request itself is wrong (too long, empty): not a TensorRT failure
+                yield from self._answer_on(served, request, stats, started, judge=True)
+                return
+            except (RequestError, ServiceUnavailable):
                 raise
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {exc}"
+                reason = f"{type(exc).__name__}: {_one_line(exc)}"
                 logger.error("TensorRT path failed (%s); answering this request on PyTorch", reason)
-                self.metrics.errors.labels("tensorrt").inc()
+                self.metrics.errors.labels(
+                    "tensorrt_timeout" if isinstance(exc, AnswerTimeoutError) else "tensorrt"
+                ).inc()
                 if self.breaker.record_failure(reason):
                     self._trip(reason)
-                fallback = self._pytorch_fallback()
-                stats = GenerationStats()
-                yield from self._stream_on(fallback, request, stats)
-                self._observe("pytorch", started, stats)
-                return
-        elapsed = time.perf_counter() - started
-        if elapsed > self.settings.breaker_timeout_s:
-            reason = f"timeout: answer took {elapsed:.1f} s (limit {self.settings.breaker_timeout_s:g} s)"
-            self.metrics.errors.labels("tensorrt_timeout").inc()
-            if self.breaker.record_failure(reason):
-                self._trip(reason)
-        else:
+        fallback_stats = GenerationStats()
+        with self._pytorch_lease() as fallback:
+            yield from self._answer_on(fallback, request, fallback_stats, time.perf_counter())
+        _copy_stats(fallback_stats, stats)
+
+    def _answer_on(self, served: Served, request, stats, started: float, judge: bool = False) -> Iterator[str]:
+        settings = self.settings
+        try:
+            ticket = served.scheduler.submit(request, stats)
+        except SchedulerBusyError:
+            self.metrics.errors.labels("busy").inc()
+            raise ServiceUnavailable("The server is busy with other answers; please retry in a minute.") from None
+        except SchedulerClosedError:
+            raise ServiceUnavailable("The model was just switched; please ask again.") from None
+        progress_timeout = settings.breaker_timeout_s if judge else settings.request_timeout_s
+        text, first_token_s = "", None
+        try:
+            for delta in ticket.deltas(settings.request_timeout_s, progress_timeout):
+                if first_token_s is None:
+                    first_token_s = time.perf_counter() - started
+                text += delta
+                yield text
+        except AnswerTimeoutError as exc:
+            if judge:
+                raise  # the breaker's business: a hung or slow engine
+            self.metrics.errors.labels("timeout").inc()
+            raise ServiceUnavailable(
+                f"No answer in time: {exc}. The server is busy; please retry in a minute."
+            ) from exc
+        finally:
+            ticket.cancel()  # a closed tab (GeneratorExit) frees the slot at the scheduler's next turn
+        if judge:
             self.breaker.record_success()
-        self._observe("trt", started, stats)
-
-    def _stream_on(
-        self, backend: InferenceBackend, request: GenerationRequest, stats: GenerationStats
-    ) -> Iterator[str]:
-        text = ""
-        for delta in backend.stream_generate(request, stats):
-            text += delta
-            yield text
-
-    def _stream_on_trt(self, backend: InferenceBackend, request, stats) -> Iterator[str]:
-        if self._take_fault():
-            raise InjectedFault("injected TensorRT fault (test switch)")
-        yield from self._stream_on(backend, request, stats)
-
-    def _observe(self, mode: str, started: float, stats: GenerationStats) -> None:
-        self.metrics.observe_request(mode, time.perf_counter() - started, stats.first_token_s, stats.new_tokens)
+        self.metrics.observe_request(served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens)
 
     def image_features(self, images):
-        with self._lease() as (backend, _mode):
-            return backend.image_features(images)
+        with self._lease() as served:
+            return served.backend.image_features(images)
+
+    def forget_conversation(self, conversation_id: str) -> None:
+        """Free a conversation's cached KV state on every loaded backend ("new case", a closed session)."""
+        with self._state:
+            loaded = [s for s in (self._current, *self._standby.values()) if s is not None]
+        for served in loaded:
+            served.backend.forget(conversation_id)
 
     # --- switching ------------------------------------------------------------------------------------------------
-    def switch_to(self, target: str, reason: str = "operator request") -> SwitchRecord:
-        """Hot-switch to `target` ("pytorch" or "trt"). Raises SwitchError and changes nothing if it cannot load."""
-        if target not in MODE_LABELS:
-            raise ValueError(f"unknown mode {target!r}; valid modes: {', '.join(MODE_LABELS)}")
+    def switch_to(self, target: Mode | str, reason: str = "operator request") -> SwitchRecord:
+        """Hot-switch to `target`. Raises SwitchError and changes nothing if it cannot load."""
+        try:
+            target = Mode.parse(target)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
         with self._switch_lock:
-            source = self._mode
-            if target == source:
-                if target == "trt":
+            source = self.mode
+            if target is source:
+                if target is Mode.TRT:
                     self.breaker.reset()
-                logger.warning("switch to %s requested, but %s is already serving", target, MODE_LABELS[target])
-                return SwitchRecord(source or "", target, time.time(), 0.0, 0.0, 0.0, "already in this mode")
+                logger.warning("switch to %s requested, but %s is already serving", target.label, target.label)
+                return SwitchRecord(str(source or ""), str(target), time.time(), 0.0, 0.0, 0.0, "already in this mode")
             load_started = time.perf_counter()
-            # Waits are measured over the whole switch, load included: requests must flow while the target loads.
-            self._switch_started, self._switch_max_wait = load_started, 0.0
-            target_backend = self._standby.pop(target, None)
-            if target_backend is None:
-                try:
-                    target_backend = self._load(target)
-                except Exception as exc:
-                    self._switch_started = None
-                    self.metrics.errors.labels("switch").inc()
-                    raise SwitchError(f"cannot switch to {MODE_LABELS[target]}: {exc}") from exc
-            load_s = time.perf_counter() - load_started
-            swap_started = time.perf_counter()
-            with self._swap_lock:
-                old_backend, self._current, self._mode = self._current, target_backend, target
-            swap_s = time.perf_counter() - swap_started
-            if target == "trt":
-                self.breaker.reset()
-            self._retire(source, old_backend)
-            record = SwitchRecord(source or "", target, time.time(), load_s, swap_s, self._switch_max_wait, reason)
-            self._switch_started = None
+            with self._state:  # waits are measured over the whole switch, load included
+                self._switch_started, self._switch_max_wait = load_started, 0.0
+                served = self._standby.pop(target, None)
+            if served is not None:
+                served.backend.keep_conversations = True
+            try:
+                if served is None:
+                    try:
+                        served = self._load(target)
+                    except Exception as exc:
+                        self.metrics.errors.labels("switch").inc()
+                        raise SwitchError(f"cannot switch to {target.label}: {_one_line(exc)}") from exc
+                load_s = time.perf_counter() - load_started
+                swap_started = time.perf_counter()
+                with self._state:
+                    old, self._current = self._current, served
+                    swap_s = time.perf_counter() - swap_started
+                if target is Mode.TRT:
+                    self.breaker.reset()
+                self._retire(old)
+            finally:
+                with self._state:
+                    max_wait, self._switch_started = self._switch_max_wait, None
+            record = SwitchRecord(str(source or ""), str(target), time.time(), load_s, swap_s, max_wait, reason)
             self.last_switch = record
-            self.metrics.switches.labels(target).inc()
+            self.metrics.switches.labels(str(target)).inc()
             self.metrics.switch_interruption.set(record.interruption_s)
             logger.info(
-                "switched %s -> %s (%s): load %.2f s, interruption %.2f ms",
-                MODE_LABELS.get(source or "", source), MODE_LABELS[target], reason, load_s, record.interruption_s * 1e3,
-            )  # fmt: skip
+                "switched %s -> %s (%s): load %.2f s, interruption %.3f ms",
+                source.label if source else "none",
+                target.label,
+                reason,
+                load_s,
+                record.interruption_s * 1e3,
+            )
             return record
 
-    def _retire(self, mode: str | None, backend: InferenceBackend | None) -> None:
-        """Keep PyTorch as the breaker's fallback; close TensorRT unless configured to keep both."""
-        if backend is None or mode is None:
+    def _retire(self, served: Served | None) -> None:
+        """Keep PyTorch as the breaker's fallback; close TensorRT unless configured to keep both. A standby that
+        is replaced is closed, never dropped."""
+        if served is None:
             return
-        if mode == "pytorch" or self.settings.keep_both_backends:
-            self._standby[mode] = backend
+        if served.mode is Mode.PYTORCH or self.settings.keep_both_backends:
+            # A standby keeps no conversation's KV state: the cache belongs to the backend that serves.
+            served.backend.keep_conversations = False
+            served.backend.forget_all()
+            with self._state:
+                replaced = self._standby.get(served.mode)
+                self._standby[served.mode] = served
+            if replaced is not None:
+                self._close_when_drained(replaced)
             return
-        threading.Thread(target=self._close_when_drained, args=(backend,), daemon=True).start()
-        if mode == "trt":
+        if served.mode is Mode.TRT:
             self.trt_state = "Not loaded"
+        self._close_when_drained(served)
 
-    def _close_when_drained(self, backend: InferenceBackend) -> None:
-        with self._drained:
-            self._drained.wait_for(lambda: self._in_flight.get(id(backend), 0) == 0)
-            self._in_flight.pop(id(backend), None)
-        backend.close()
+    def _close_when_drained(self, served: Served) -> None:
+        served.retired = True
 
-    def _load(self, mode: str) -> InferenceBackend:
+        def close() -> None:
+            with self._state:
+                self._state.wait_for(lambda: served.leases == 0)
+            served.close()
+
+        threading.Thread(target=close, name=f"close-{served.mode}", daemon=True).start()
+
+    def _loaded(self, mode: Mode) -> Served | None:
+        """The loaded backend of `mode`, current or standby. Caller holds the state lock."""
+        if self._current is not None and self._current.mode is mode:
+            return self._current
+        return self._standby.get(mode)
+
+    @contextmanager
+    def _pytorch_lease(self) -> Iterator[Served]:
+        """A lease on PyTorch for the breaker's fallback: the loaded one, or one loaded now (once, whoever asks)."""
+        with self._state:
+            loaded = self._loaded(Mode.PYTORCH)
+        if loaded is None:
+            with self._switch_lock:  # a switch in progress finishes first; then PyTorch is usually loaded
+                with self._state:
+                    loaded = self._loaded(Mode.PYTORCH)
+                if loaded is None:
+                    served = self._load(Mode.PYTORCH)
+                    with self._state:
+                        self._standby[Mode.PYTORCH] = served
+        with self._lease(Mode.PYTORCH) as served:
+            yield served
+
+    def _load(self, mode: Mode) -> Served:
         started = time.perf_counter()
         try:
             backend = self._factory(mode, self.settings)
-            backend.warm_up()
+            try:
+                backend.warm_up()
+            except BaseException:
+                backend.close()
+                raise
         except Exception as exc:
-            if mode == "trt":
+            if mode is Mode.TRT:
                 self.trt_state = f"Failed ({_one_line(exc)})"
-            logger.error("could not load the %s backend: %s", MODE_LABELS[mode], _one_line(exc))
+            logger.error("could not load the %s backend: %s", mode.label, _one_line(exc))
             raise
-        if mode == "trt":
+        if mode is Mode.TRT:
             self.trt_state = f"Loaded ({backend.info().precision.upper()})"
-        logger.info("%s backend ready in %.2f s", MODE_LABELS[mode], time.perf_counter() - started)
-        return backend
-
-    def _pytorch_fallback(self) -> InferenceBackend:
-        backend = self._standby.get("pytorch")
-        if backend is None:
-            with self._switch_lock:
-                backend = self._standby.get("pytorch")
-                if backend is None:
-                    backend = self._standby["pytorch"] = self._load("pytorch")
-        return backend
+        logger.info("%s backend ready in %.2f s", mode.label, time.perf_counter() - started)
+        settings = self.settings
+        scheduler = Scheduler(backend, settings.generation_concurrency, settings.queue_size, name=f"scheduler-{mode}")
+        return Served(mode, backend, scheduler)
 
     def _trip(self, reason: str) -> None:
         self.metrics.breaker_trips.inc()
         logger.error(
             "circuit breaker tripped after %d consecutive TensorRT failures (last: %s); falling back to PyTorch",
-            self.breaker.threshold, reason,
-        )  # fmt: skip
-        self._pytorch_fallback()
+            self.breaker.threshold,
+            reason,
+        )
         threading.Thread(
-            target=self._switch_quietly, args=("pytorch", f"circuit breaker: {reason}"), daemon=True
+            target=self._switch_quietly, args=(Mode.PYTORCH, f"circuit breaker: {reason}"), daemon=True
         ).start()
 
-    def _switch_quietly(self, target: str, reason: str) -> None:
+    def _switch_quietly(self, target: Mode, reason: str) -> None:
         try:
             self.switch_to(target, reason)
         except Exception:
-            logger.exception("automatic fallback switch to %s failed", target)
-
-    # --- test-only fault switch -------------------------------------------------------------------------------------
-    def inject_faults(self, count: int) -> None:
-        if not self.settings.fault_injection:
-            raise PermissionError("fault injection is disabled (set FAULT_INJECTION=1 in tests only)")
-        self._fault_remaining = max(0, int(count))
-
-    def _take_fault(self) -> bool:
-        if self._fault_remaining > 0:
-            self._fault_remaining -= 1
-            return True
-        return False
+            logger.exception("automatic fallback switch to %s failed", target.label)
 
     # --- status ----------------------------------------------------------------------------------------------------
+    def _total_leases(self) -> int:
+        return sum(s.leases for s in (self._current, *self._standby.values()) if s is not None)
+
+    def _schedulers(self) -> list[Scheduler]:
+        return [s.scheduler for s in (self._current, *self._standby.values()) if s is not None]
+
+    def _count_waiting(self) -> int:
+        return sum(scheduler.waiting for scheduler in self._schedulers())
+
+    def _count_running(self) -> int:
+        return sum(scheduler.running for scheduler in self._schedulers())
+
     def status(self) -> dict:
         info = self.info()
         breaker = self.breaker.snapshot()
+        mode = self.mode
         return {
             "ready": self.ready.is_set(),
             "url": f"http://{self.settings.host}:{self.settings.port}",
-            "mode": self._mode,
-            "mode_label": MODE_LABELS.get(self._mode or "", "none"),
+            "mode": str(mode) if mode else None,
+            "mode_label": mode.label if mode else "none",
             "trt_engine": self.trt_state,
-            "backend": asdict(info) if info else None,
-            "standby": sorted(self._standby),
+            "backend": {**asdict(info), "mode": str(info.mode)} if info else None,
+            "standby": sorted(str(m) for m in self._standby),
             "uptime_s": time.time() - self.started_at,
             "last_switch": {**asdict(self.last_switch), "interruption_s": self.last_switch.interruption_s}
             if self.last_switch
@@ -327,9 +390,15 @@ class InferenceService:
             "breaker": asdict(breaker),
             "requests": self.metrics.totals(),
             "latency": self.metrics.latency_percentiles(),
-            "queue_depth": self._waiting,
+            "requests_waiting": self._count_waiting(),
+            "requests_running": self._count_running(),
             "gpus": gpu_memory_snapshot(),
         }
+
+
+def _copy_stats(source: GenerationStats, target: GenerationStats) -> None:
+    for name, value in vars(source).items():
+        setattr(target, name, value)
 
 
 def _one_line(exc: BaseException) -> str:

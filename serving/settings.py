@@ -1,62 +1,119 @@
-"""One typed settings object, read once from the environment and the command line."""
+"""Every knob of the server in one typed object, read once from the environment and the command line.
+
+Environment names are the field names upper-cased (MODEL_PATH, DRAIN_TIMEOUT_S, ...). The operator scripts read
+the values they need through this module's CLI, never from copies:
+
+    python -m serving.settings get drain_timeout_s      # one value, after the environment is applied
+    python -m serving.settings show                     # all of them, as JSON
+    python -m serving.settings get host --env-file /etc/default/medgemma-xray   # as the systemd unit will see it
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
-from dataclasses import dataclass, fields, replace
+import shlex
+import sys
+import types
+import typing
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "medgemma-demo"
-VALID_MODES = ("pytorch", "trt")
+TORCH_PATHS = ("auto", "eager", "fast")
+DEVICES = ("auto", "cpu", "cuda")
 
 
-def _env_bool(value: str) -> bool:
-    return value.strip().lower() in ("1", "true", "yes", "on")
+class SettingsError(ValueError):
+    """A setting has a value the server cannot use; the message names the variable and the valid values."""
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Every knob the server reads. Environment names are the field names upper-cased (MODEL_PATH, ...)."""
-
-    model_path: Path | None = None  # None: the bundled demo checkpoint (random weights)
+    # --- what to serve ---
+    model_path: Path | None = None  # None: the bundled demo checkpoint
     engine_path: Path | None = None  # an engine bundle from optimize_trt_engine.py
-    inference_mode: str = "pytorch"  # "pytorch" or "trt"
-    device: str = "auto"  # "auto", "cpu" or "cuda"
+    inference_mode: Mode = Mode.PYTORCH
+    device: str = "auto"  # auto, cpu or cuda
+    torch_path: str = "auto"  # eager (the reference), fast (static cache + CUDA graphs), auto: fast on CUDA
+    # --- where ---
     host: str = "127.0.0.1"
     port: int = 7860
-    max_new_tokens: int = 300
-    generation_concurrency: int = 2  # requests decoding at once; more queue
-    queue_size: int = 64
     log_dir: Path = REPO_ROOT / "logs"
     control_socket: Path | None = None  # default: <log_dir>/control.sock
-    keep_both_backends: bool = False  # keep the old backend loaded after a switch (needs memory for both)
-    breaker_failures: int = 5  # consecutive TensorRT-path failures before falling back to PyTorch
-    breaker_timeout_s: float = 120.0  # a TensorRT request slower than this counts as a failure
-    fault_injection: bool = False  # tests only: enables the control channel's fault switch
+    # --- limits ---
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    generation_concurrency: int = 2  # answers decoded together (one batch); more wait in the queue
+    queue_size: int = 64  # answers waiting for a decode slot before new ones are turned away as busy
+    max_resident_conversations: int = 8  # conversations whose KV cache stays between turns (LRU beyond)
+    max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
+    request_timeout_s: float = 300.0  # longest one answer may take, waiting included
+    # --- hot switch, breaker, shutdown ---
+    keep_both_backends: bool = False  # keep TensorRT loaded after switching back to PyTorch
+    breaker_failures: int = 5  # consecutive TensorRT failures before falling back to PyTorch
+    breaker_timeout_s: float = 120.0  # a TensorRT answer not finished this long after it started is a failure
+    drain_timeout_s: float = 120.0  # on SIGTERM, how long running answers may take to finish
+    # --- this start ---
+    instance_id: str = ""  # set per start by start_gradio.sh; /readyz returns it so the script knows who answered
+    # --- security and input limits (issue 7): uploads, login, conversation bounds ---
+    upload_cache_dir: Path | None = None  # this server's private Gradio cache; default <log_dir>/upload-cache
+    max_file_size_mb: int = 64  # larger uploads are refused by Gradio's upload route (HTTP 413)
+    max_pixels: int = 40_000_000  # rows x columns (x frames), checked from the header before decoding
+    cache_max_age_s: int = 600  # previews and unread uploads older than this are deleted (Gradio's delete_cache)
+    auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
+    max_turns: int = 20  # questions in one conversation; then the user starts a new case
+    max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
+            try:
+                object.__setattr__(self, "inference_mode", Mode.parse(self.inference_mode))
+            except ValueError as exc:
+                raise SettingsError(f"INFERENCE_MODE: {exc}") from None
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides) -> Settings:
-        environ = dict(os.environ if environ is None else environ)
+    def from_env(cls, environ: typing.Mapping[str, str] | None = None, **overrides) -> Settings:
+        environ = os.environ if environ is None else environ
         values: dict = {}
+        hints = typing.get_type_hints(cls)
         for spec in fields(cls):
             raw = environ.get(spec.name.upper())
-            if raw is None or raw == "":
-                continue
-            values[spec.name] = _parse(spec.type, raw)
-        settings = cls(**values)
-        return settings.with_overrides(**overrides)
+            if raw is not None and raw != "":
+                values[spec.name] = _parse(spec.name, hints[spec.name], raw)
+        return cls(**values).with_overrides(**overrides)
 
     def with_overrides(self, **overrides) -> Settings:
-        return replace(self, **{key: value for key, value in overrides.items() if value is not None}).validated()
+        hints = typing.get_type_hints(type(self))
+        parsed = {
+            key: _parse(key, hints[key], value) if isinstance(value, str) else value
+            for key, value in overrides.items()
+            if value is not None
+        }
+        return replace(self, **parsed).validated()
 
     def validated(self) -> Settings:
-        if self.inference_mode not in VALID_MODES:
-            raise ValueError(f"INFERENCE_MODE must be one of {', '.join(VALID_MODES)}, got {self.inference_mode!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"DEVICE must be auto, cpu or cuda, got {self.device!r}")
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"PORT must be 1..65535, got {self.port}")
+        _one_of("DEVICE", self.device, DEVICES)
+        _one_of("TORCH_PATH", self.torch_path, TORCH_PATHS)
+        _in_range("PORT", self.port, 1, 65535)
+        _in_range("MAX_NEW_TOKENS", self.max_new_tokens, 1, MAX_MAX_NEW_TOKENS)
+        _in_range("GENERATION_CONCURRENCY", self.generation_concurrency, 1, 256)
+        _in_range("QUEUE_SIZE", self.queue_size, 1, 10_000)
+        _in_range("MAX_RESIDENT_CONVERSATIONS", self.max_resident_conversations, 0, 4096)
+        _in_range("MAX_SEQUENCE", self.max_sequence, 512, 131_072)
+        _in_range("BREAKER_FAILURES", self.breaker_failures, 1, 1000)
+        for name in ("request_timeout_s", "breaker_timeout_s", "drain_timeout_s"):
+            _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
+        if len(self.instance_id) > 64 or not all(c.isalnum() or c == "-" for c in self.instance_id):
+            raise SettingsError("INSTANCE_ID must be at most 64 letters, digits or '-'")
+        _in_range("MAX_FILE_SIZE_MB", self.max_file_size_mb, 1, 4096)
+        _in_range("MAX_PIXELS", self.max_pixels, 1_000_000, 1_000_000_000)
+        _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
+        _in_range("MAX_TURNS", self.max_turns, 1, 1000)
+        _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
         return self
 
     @property
@@ -71,15 +128,89 @@ class Settings:
     def control_socket_path(self) -> Path:
         return Path(self.control_socket) if self.control_socket else Path(self.log_dir) / "control.sock"
 
+    @property
+    def upload_cache_path(self) -> Path:
+        return Path(self.upload_cache_dir) if self.upload_cache_dir else Path(self.log_dir) / "upload-cache"
 
-def _parse(kind, raw: str):
-    kind = str(kind)
-    if "Path" in kind:
-        return Path(raw)
-    if kind.startswith("int"):
-        return int(raw)
-    if kind.startswith("float"):
-        return float(raw)
-    if kind.startswith("bool"):
-        return _env_bool(raw)
-    return raw
+    @property
+    def max_file_size_bytes(self) -> int:
+        return self.max_file_size_mb << 20
+
+    @property
+    def kv_slots(self) -> int:
+        """Conversations a backend holds at once: those decoding plus those kept between turns."""
+        return self.generation_concurrency + self.max_resident_conversations
+
+    def as_dict(self) -> dict:
+        return {key: (str(value) if isinstance(value, (Path, Mode)) else value) for key, value in asdict(self).items()}
+
+
+def _parse(name: str, kind, raw: str):
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+    try:
+        if kind is bool:
+            if raw.strip().lower() not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+                raise ValueError(raw)
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind is Mode:
+            return Mode.parse(raw)
+        return kind(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{name.upper()}={raw!r} is not a valid {getattr(kind, '__name__', kind)}: {exc}") from None
+
+
+def _one_of(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise SettingsError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+
+
+def _in_range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise SettingsError(f"{name} must be in {low:g}..{high:g}, got {value:g}")
+
+
+def read_environment_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines as systemd's EnvironmentFile= reads them (blank lines and # or ; comments skipped, values
+    optionally quoted), so install_service.sh sizes the unit from the values the service will really get."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        key, separator, raw = line.partition("=")
+        if not separator or not key.strip().isidentifier():
+            raise SettingsError(f"{path}:{number}: expected KEY=VALUE")
+        values[key.strip()] = " ".join(shlex.split(raw)) if raw.strip() else ""
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print the server's settings as the environment makes them.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    get = commands.add_parser("get", help="one setting's value")
+    get.add_argument("name", choices=[spec.name for spec in fields(Settings)])
+    show = commands.add_parser("show", help="every setting, as JSON")
+    for command in (get, show):
+        command.add_argument(
+            "--env-file", type=Path, help="also apply this systemd EnvironmentFile, which wins over the environment"
+        )
+    args = parser.parse_args(argv)
+    try:
+        environ = dict(os.environ)
+        if args.env_file is not None and args.env_file.exists():
+            environ.update(read_environment_file(args.env_file))
+        settings = Settings.from_env(environ)
+    except (SettingsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    values = settings.as_dict()
+    if args.command == "get":  # an unset value prints as an empty line, never "None", for the shell scripts
+        print("" if values[args.name] is None else values[args.name])
+    else:
+        print(json.dumps(values, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,8 +16,33 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 # Settings a developer's shell may carry that would point a test server at someone else's files or model.
-ISOLATED_VARIABLES = ("MODEL_PATH", "ENGINE_PATH", "INFERENCE_MODE", "CONTROL_SOCKET", "LOG_DIR", "PORT", "HOST",
-                      "KEEP_BOTH_BACKENDS", "FAULT_INJECTION", "MAX_NEW_TOKENS", "DEVICE")  # fmt: skip
+ISOLATED_VARIABLES = (
+    "MODEL_PATH",
+    "ENGINE_PATH",
+    "INFERENCE_MODE",
+    "CONTROL_SOCKET",
+    "LOG_DIR",
+    "PORT",
+    "HOST",
+    "KEEP_BOTH_BACKENDS",
+    "MAX_NEW_TOKENS",
+    "DEVICE",
+    "TORCH_PATH",
+    "GENERATION_CONCURRENCY",
+    "QUEUE_SIZE",
+    "DRAIN_TIMEOUT_S",
+    "REQUEST_TIMEOUT_S",
+    "INSTANCE_ID",
+    "NOTIFY_SOCKET",
+    "GRADIO_TEMP_DIR",
+    "UPLOAD_CACHE_DIR",
+    "AUTH_FILE",
+    "MAX_FILE_SIZE_MB",
+    "MAX_PIXELS",
+    "CACHE_MAX_AGE_S",
+    "MAX_TURNS",
+    "MAX_PROMPT_TOKENS",
+)
 
 
 @pytest.fixture(scope="session")
@@ -120,11 +145,25 @@ def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
     """The CI build: demo checkpoint, synthetic films, INT8 Q/DQ, TensorRT-RTX ahead-of-time engines."""
     bundle = tmp_path_factory.mktemp("engines") / "demo-int8"
     result = run_optimizer(
-        "--model_path", str(demo_model_dir), "--calib_images", str(synthetic_films), "--precision", "int8",
-        "--output_path", str(bundle), "--target", "tensorrt-rtx", "--max_seq_len", "1024", "--max_batch", "2",
+        "--model_path",
+        str(demo_model_dir),
+        "--calib_images",
+        str(synthetic_films),
+        "--precision",
+        "int8",
+        "--output_path",
+        str(bundle),
+        "--target",
+        "tensorrt-rtx",
+        "--max_seq_len",
+        "1024",
+        "--max_batch",
+        "2",
         "--keep_fp32_onnx",
-    )  # fmt: skip
+        "--allow_few_films",
+    )
     assert result.returncode == 0, result.stderr[-6000:]
+    (bundle.parent / "build.log").write_text(result.stderr + result.stdout)
     return bundle
 
 
@@ -132,8 +171,21 @@ def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
 def fp32_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
     bundle = tmp_path_factory.mktemp("engines") / "demo-fp32"
     result = run_optimizer(
-        "--model_path", str(demo_model_dir), "--calib_images", str(synthetic_films), "--precision", "fp32",
-        "--output_path", str(bundle), "--target", "none", "--max_seq_len", "1536", "--max_batch", "2",
-    )  # fmt: skip
+        "--model_path",
+        str(demo_model_dir),
+        "--calib_images",
+        str(synthetic_films),
+        "--precision",
+        "fp32",
+        "--output_path",
+        str(bundle),
+        "--target",
+        "none",
+        "--max_seq_len",
+        "1536",
+        "--max_batch",
+        "2",
+        "--allow_few_films",
+    )
     assert result.returncode == 0, result.stderr[-6000:]
     return bundle

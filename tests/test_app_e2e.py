@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
 
+from assistant.report_schema import REPORT_FIELDS
 from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
@@ -19,14 +22,25 @@ def answer_text(chat_messages: list[dict]) -> str:
     return str(content)
 
 
+def downloaded(update) -> str:
+    """A file output as gradio_client hands it over: the local copy it downloaded (inside a visibility update)."""
+    return update["value"] if isinstance(update, dict) else update
+
+
 @pytest.fixture()
 def dicom_film(tmp_path):
     path = tmp_path / "chest_pa"  # no extension: recognised by content
     stored = quantize(chest_phantom(seed=11), 12)
     path.write_bytes(
-        dicom_bytes(stored, bits_stored=12, window=(2048, 4096), transfer_syntax="jpeg-2000-lossless",
-                    patient_name="Sentinel^Patient", patient_id="E2E-SENTINEL-ID")
-    )  # fmt: skip
+        dicom_bytes(
+            stored,
+            bits_stored=12,
+            window=(2048, 4096),
+            transfer_syntax="jpeg-2000-lossless",
+            patient_name="Sentinel^Patient",
+            patient_id="E2E-SENTINEL-ID",
+        )
+    )
     return path
 
 
@@ -49,14 +63,23 @@ def test_upload_dicom_ask_follow_up_and_report(demo_server, dicom_film):
     assert answer_text(chat[:2]) == first_answer  # the first exchange is kept in the conversation
     assert question_box == ""
 
+    assert "tokens** · " in first_answer and "confidence **" in first_answer  # the details line under the answer
+
     report_job = client.submit(api_name="/report")
     report_updates = list(report_job)
-    final_report = report_job.result()
+    final_report, json_file, markdown_file = report_job.result()
     assert len(report_updates) > 2
-    assert final_report.startswith("### Findings\n") and "\n\n### Impression\n" in final_report
+    assert final_report.startswith("# Chest X-ray report") and "## Findings" in final_report
+    assert "## Impression" in final_report and "## Confidence" in final_report
+    exported = json.loads(Path(downloaded(json_file)).read_text())
+    assert list(exported["fields"]) == [field.key for field in REPORT_FIELDS]
+    assert set(exported["unfilled"]) <= set(exported["fields"]) and exported["raw_text"]
+    assert 0 < exported["overall_confidence"]["mean_probability"] <= 1
+    assert Path(downloaded(markdown_file)).read_text().startswith("# Chest X-ray report")
 
     cleared = client.predict(api_name="/new_case")
     assert cleared[3] == [] and cleared[5] == ""
+    assert [(button.get("value"), button.get("visible")) for button in cleared[6:8]] == [(None, False)] * 2
     with pytest.raises(Exception, match="Upload a chest X-ray first"):
         client.predict("Anything?", api_name="/ask")
 
@@ -90,10 +113,16 @@ def test_probes_and_metrics(demo_server):
     with urllib.request.urlopen(f"{demo_server.url}/metrics", timeout=5) as reply:
         body = reply.read().decode()
     for series in (
-        "medgemma_request_latency_seconds_bucket", "medgemma_time_to_first_token_seconds", "medgemma_generated_tokens_total",
-        "medgemma_errors_total", "medgemma_switches_total", "medgemma_breaker_trips_total", "medgemma_queue_depth",
+        "medgemma_request_latency_seconds_bucket",
+        "medgemma_time_to_first_token_seconds",
+        "medgemma_generated_tokens_total",
+        "medgemma_errors_total",
+        "medgemma_switches_total",
+        "medgemma_breaker_trips_total",
+        "medgemma_requests_waiting",
+        "medgemma_requests_running",
         "medgemma_gpu_memory_used_bytes",
-    ):  # fmt: skip
+    ):
         assert series in body, series
 
 

@@ -1,11 +1,16 @@
-"""The page in headless Chromium (Debian's, driven by Playwright): upload a film, ask, watch the answer stream."""
+"""The page in headless Chromium (Debian's, driven by Playwright): upload a film, ask, watch the answer stream, see
+its confidence, write a structured report and download its JSON export."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
+from assistant.report_schema import REPORT_FIELDS
 from devtools.phantoms import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ARTIFACTS
 
@@ -13,9 +18,14 @@ pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 COUNT_CHAT_MUTATIONS = """
 () => {
@@ -59,11 +69,23 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
             "&& document.querySelector('#chat .bot').innerText.trim().length > 20",
             timeout=120_000,
         )
-        page.wait_for_timeout(1500)  # let the last update land
+        page.wait_for_selector("#chat .bot :text('confidence')", timeout=60_000)  # the details line, once done
         answer = bot.inner_text().strip()
         mutations = page.evaluate("() => window.__chatMutations")
         page.screenshot(path=str(ARTIFACTS / "browser_chat.png"), full_page=True)
+
+        page.click("#report")
+        page.wait_for_selector("#report-box :text('Chest X-ray report')", timeout=120_000)
+        page.wait_for_selector("#report-json:visible", timeout=60_000)
+        report = page.inner_text("#report-box")
+        with page.expect_download(timeout=60_000) as download_info:
+            page.click("#report-json")
+        exported = json.loads(Path(download_info.value.path()).read_text())
+        page.screenshot(path=str(ARTIFACTS / "browser_report.png"), full_page=True)
         browser.close()
 
     assert len(answer) > 20
     assert mutations > 3, f"expected the answer to arrive in several updates, saw {mutations} DOM changes"
+    assert re.search(r"confidence \d+%", answer) and "not the probability that the answer is right" in answer
+    assert "Findings" in report and "Impression" in report and "Confidence" in report
+    assert list(exported["fields"]) == [field.key for field in REPORT_FIELDS] and exported["raw_text"]

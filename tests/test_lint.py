@@ -14,6 +14,13 @@ def test_ruff_check_passes():
     assert result.returncode == 0, result.stdout[-4000:]
 
 
+def test_ruff_format_leaves_every_file_as_it_is():
+    result = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+
+
 def test_shellcheck_passes_on_every_script():
     scripts = sorted(str(path) for path in (REPO_ROOT / "scripts").glob("*.sh")) + [str(REPO_ROOT / ".ci" / "run")]
     assert len(scripts) >= 8

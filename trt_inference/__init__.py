@@ -1,4 +1,16 @@
-"""The inference layer: one contract (base.py), a PyTorch and a TensorRT backend, and the running service.
+"""TRTInference and its executors: serves engine bundles without torch (TensorRT on a GPU, ONNX Runtime on CPU).
 
-Nothing heavy is imported here: torch and tensorrt load inside the backend that needs them.
+`from trt_inference import TRTInference` works and stays cheap: the class is imported on first use.
 """
+
+from __future__ import annotations
+
+__all__ = ["TRTInference"]
+
+
+def __getattr__(name: str):
+    if name == "TRTInference":
+        from trt_inference.trt_model import TRTInference
+
+        return TRTInference
+    raise AttributeError(f"module 'trt_inference' has no attribute {name!r}")

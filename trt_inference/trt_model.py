@@ -10,22 +10,15 @@ import importlib.util
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.integrity import verify_bundle
 from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
 from engine_bundle.masks import attention_masks, image_block_ids
-from inference_api.contract import (
-    BackendInfo,
-    ChatTurn,
-    GenerationRequest,
-    GenerationStats,
-    IncrementalDecoder,
-    InferenceBackend,
-    chat_messages,
-)
+from inference_api.chat import chat_messages
+from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +30,35 @@ def _tensorrt_module(manifest: dict) -> str:
 
 
 class TRTInference(InferenceBackend):
-    mode = "tensorrt"
+    mode = Mode.TRT
 
-    def __init__(self, bundle_dir: str | Path, executor: str = "auto", sequence_slots: int = 2) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        engine_path: str | Path,
+        input_shape: tuple[int, ...] | None = None,
+        executor: str = "auto",
+        sequence_slots: int = 2,
+        max_resident_conversations: int = 8,
+        require_verified: bool = True,
+    ) -> None:
+        """engine_path: the bundle folder, or any file inside it (a .plan or .onnx). input_shape: the vision input
+        the caller will send, checked against the bundle's (batch up to its max_batch, 3 channels, its image size).
+        The bundle must have passed its accuracy gate and match its recorded file hashes; only the build itself
+        (which verifies the bundle it is making) opens one with require_verified=False."""
+        super().__init__(max_resident_conversations)
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
-        self.bundle_dir = Path(bundle_dir)
+        self.bundle_dir = _bundle_folder(Path(engine_path))
         self.manifest = manifest = read_manifest(self.bundle_dir)
+        if input_shape is not None:
+            _check_input_shape(tuple(input_shape), manifest["shapes"], self.bundle_dir)
         started = time.perf_counter()
+        if require_verified:
+            verify_bundle(self.bundle_dir, manifest)
+        else:
+            logger.info(
+                "opening %s without its accuracy gate and file hashes (the build verifying it)", self.bundle_dir
+            )
         self.executor = self._open_executor(executor, sequence_slots)
         shapes = manifest["shapes"]
         self.image_tokens, self.sliding_window = shapes["image_tokens"], shapes["sliding_window"]
@@ -56,28 +69,31 @@ class TRTInference(InferenceBackend):
         self.text = BundleText(self.bundle_dir, self.image_tokens)
         processor_config = json.loads((self.bundle_dir / "processor_config.json").read_text())
         self.preprocess = ImagePreprocessor(processor_config.get("image_processor", processor_config))
-        self.stop_ids = set(manifest["tokens"]["eos"])
+        self.stop_token_ids = frozenset(manifest["tokens"]["eos"])
+        self.image_token_id = self.text.image_token_id
         logger.info(
             "loaded engine bundle %s (%s, %s) with %s in %.1f s%s",
-            self.bundle_dir, manifest["model"]["id"], manifest["precision"], self.executor.name,
+            self.bundle_dir,
+            manifest["model"]["id"],
+            manifest["precision"],
+            self.executor.name,
             time.perf_counter() - started,
             " -- DEMO MODEL WITH RANDOM WEIGHTS: answers mean nothing" if manifest["model"].get("is_demo") else "",
-        )  # fmt: skip
+        )
 
     def _open_executor(self, choice: str, sequence_slots: int):
         manifest = self.manifest
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
         module = _tensorrt_module(manifest)
         if choice == "auto":
-            choice = (
-                "tensorrt"
-                if has_engines and importlib.util.find_spec(module) and _has_cuda_gpu()
-                else "onnxruntime-cpu"
-            )
+            why_not = _why_not_tensorrt(has_engines, module)
+            choice = "onnxruntime-cpu" if why_not else "tensorrt"
+            if why_not:
+                logger.info("executor auto: chose onnxruntime-cpu because %s", why_not)
         if choice == "onnxruntime-cpu":
             from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
 
-            return OnnxRuntimeExecutor(self.bundle_dir, manifest)
+            return OnnxRuntimeExecutor(self.bundle_dir, manifest, sequence_slots)
         if not has_engines:
             raise ManifestError(
                 f"{self.bundle_dir} holds ONNX graphs only (built where TensorRT was absent). Finish the build on the "
@@ -87,77 +103,78 @@ class TRTInference(InferenceBackend):
             raise ManifestError(f"the bundle needs the {module} Python package, which is not installed")
         trt = importlib.import_module(module)
         check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+        from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-        try:
-            gpu_name, capability = device_compute_capability(0)
-        except (ImportError, RuntimeError) as exc:
-            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {exc}") from exc
-        check_gpu(manifest, gpu_name, capability)
+        gpu, why_no_gpu = probe_cuda_gpu(0)
+        if gpu is None:
+            raise ManifestError(f"the TensorRT executor needs an NVIDIA GPU and cuda-python: {why_no_gpu}")
+        check_gpu(manifest, *gpu)
         from trt_inference.runtime.tensorrt_executor import TensorRTExecutor
 
         return TensorRTExecutor(self.bundle_dir, manifest, sequence_slots)
 
-    # --- generation ------------------------------------------------------------------------------------------
+    # --- prompt -------------------------------------------------------------------------------------------
     def prompt_ids(self, request: GenerationRequest) -> np.ndarray:
         return self.text.encode_chat(chat_messages(request, image_placeholder="<image>"))
 
-    def _stream_generate_impl(self, request: GenerationRequest, stats: GenerationStats) -> Iterator[str]:
-        started = time.perf_counter()
-        decoder = IncrementalDecoder(self.text.decode)
-        for token, _logits in self.generate_tokens(request, stats):
-            if stats.first_token_s is None:
-                stats.first_token_s = time.perf_counter() - started
-            delta = decoder.push(token)
-            if delta:
-                yield delta
-        tail = decoder.flush()
-        if tail:
-            yield tail
+    def _encode_impl(self, request: GenerationRequest) -> Prompt:
+        return Prompt(ids=self.prompt_ids(request)[0].tolist(), image=request.image, image_key=request.image_key)
 
-    def generate_tokens(self, request: GenerationRequest, stats: GenerationStats | None = None):
-        """Greedy decoding: yield (token id, float32 logits it was chosen from) until a stop token or the limit."""
-        stats = stats if stats is not None else GenerationStats()
-        ids = self.prompt_ids(request)
-        length = ids.shape[1]
-        stats.prompt_tokens = length
-        if length + request.max_new_tokens > self.max_sequence:
-            raise ValueError(
-                f"the conversation ({length} tokens) plus the answer ({request.max_new_tokens}) exceeds the engine's "
-                f"maximum of {self.max_sequence} tokens; start a new case or rebuild with a larger --max_seq_len"
-            )
-        embeds = self._prompt_embeddings(ids, request.image)
-        blocks = image_block_ids((ids == self.text.image_token_id).astype(np.int64))
-        positions = np.arange(length, dtype=np.int64)[None]
-        key_positions = np.concatenate([[-1], positions[0]])[None]
-        key_blocks = np.concatenate([[-1], blocks[0]])[None]
-        full, sliding = attention_masks(positions, key_positions, self.sliding_window, blocks, key_blocks)
-        sequence = self.executor.new_sequence()
-        try:
-            logits = sequence.run(embeds, positions, full, sliding)
-            for step in range(request.max_new_tokens):
-                token = int(np.argmax(logits[0]))
-                if token in self.stop_ids:
-                    return
-                stats.new_tokens += 1
-                yield token, logits[0]
-                if step + 1 == request.max_new_tokens:
-                    return
-                position = length + step
-                key_positions = np.concatenate([key_positions, [[position]]], axis=1)
-                query = np.asarray([[position]], dtype=np.int64)
-                full, sliding = attention_masks(query, key_positions, self.sliding_window)
-                logits = sequence.run(self.executor.embed(np.asarray([[token]])), query, full, sliding)
-        finally:
-            sequence.close()
+    def _detokenize_impl(self, ids: list[int]) -> str:
+        return self.text.decode(ids)
 
-    def _prompt_embeddings(self, ids: np.ndarray, image) -> np.ndarray:
-        embeds = self.executor.embed(ids)
-        image_rows = np.flatnonzero(ids[0] == self.text.image_token_id)
+    # --- KV state: one executor sequence per conversation ------------------------------------------------------
+    def _allocate_impl(self):
+        return self.executor.new_sequence(timeout_s=0)  # the contract evicts an idle conversation, then retries
+
+    def _truncate_impl(self, sequence, length: int) -> bool:
+        truncate = getattr(sequence, "truncate", None)
+        if truncate is None:
+            return False
+        truncate(length)
+        return True
+
+    def _free_impl(self, sequence) -> None:
+        sequence.close()
+
+    # --- model calls -------------------------------------------------------------------------------------------
+    def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
+        features = self.executor.vision(self.preprocess([prompt.image for prompt in prompts]))
+        for prompt, row in zip(prompts, features, strict=True):
+            prompt.features = row
+
+    def _prefill_impl(self, sequence, prompt: Prompt, start: int, end: int, want_token: bool) -> TokenStep | None:
+        logits = self._run_prompt(sequence, prompt, start, end)
+        return _greedy(logits[0]) if want_token else None
+
+    def _prompt_logits_impl(self, sequence, prompt: Prompt) -> np.ndarray:
+        return self._run_prompt(sequence, prompt, 0, len(prompt.ids))[0]
+
+    def _run_prompt(self, sequence, prompt: Prompt, start: int, end: int) -> np.ndarray:
+        ids = np.asarray([prompt.ids], dtype=np.int64)
+        chunk = ids[:, start:end]
+        embeds = self.executor.embed(chunk)
+        image_rows = np.flatnonzero(chunk[0] == self.text.image_token_id)
         if image_rows.size:
-            features = self.executor.vision(self.preprocess([image]))
-            embeds[0, image_rows] = features.reshape(-1, features.shape[-1])[: image_rows.size]
-        return embeds
+            offset = int(np.flatnonzero(ids[0] == self.text.image_token_id)[0])
+            features = prompt.features.reshape(-1, prompt.features.shape[-1])
+            embeds[0, image_rows] = features[start + image_rows - offset]
+        blocks = image_block_ids((ids == self.text.image_token_id).astype(np.int64))[:, :end]
+        positions = np.arange(start, end, dtype=np.int64)[None]
+        key_positions = np.concatenate([[-1], np.arange(end)])[None]
+        key_blocks = np.concatenate([[-1], blocks[0]])[None]
+        full, sliding = attention_masks(positions, key_positions, self.sliding_window, blocks[:, start:], key_blocks)
+        return sequence.run(embeds, positions, full, sliding)
+
+    def _decode_impl(self, sequences: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
+        steps = []
+        for sequence, token, position in zip(sequences, tokens, positions, strict=True):
+            query = np.asarray([[position]], dtype=np.int64)
+            key_positions = np.concatenate([[-1], np.arange(position + 1)])[None]
+            full, sliding = attention_masks(query, key_positions, self.sliding_window)
+            logits = sequence.run(self.executor.embed(np.asarray([[token]])), query, full, sliding)
+            steps.append(_greedy(logits[0]))
+        return steps
 
     # --- the rest of the contract --------------------------------------------------------------------------
     def _image_features_impl(self, images: list) -> np.ndarray:
@@ -171,7 +188,7 @@ class TRTInference(InferenceBackend):
 
             device = device_compute_capability(0)[0]
         return BackendInfo(
-            mode="tensorrt",
+            mode=Mode.TRT,
             precision=manifest["precision"],
             device=device,
             executor=self.executor.name,
@@ -181,25 +198,53 @@ class TRTInference(InferenceBackend):
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],
                 "accuracy": manifest.get("accuracy"),
+                "accuracy_measured_on": (manifest.get("accuracy") or {}).get("measured_on"),
             },
         )
-
-    def _warm_up_impl(self) -> None:
-        from PIL import Image
-
-        request = GenerationRequest(Image.new("RGB", (64, 64)), (ChatTurn("user", "Warm-up."),), max_new_tokens=2)
-        for _ in self._stream_generate_impl(request, GenerationStats()):
-            pass
 
     def _close_impl(self) -> None:
         self.executor.close()
 
 
-def _has_cuda_gpu() -> bool:
-    try:
-        from trt_inference.runtime.cuda_memory import device_compute_capability
+def _bundle_folder(path: Path) -> Path:
+    """The bundle that holds `path`: the folder itself, or the nearest parent with a manifest (for a .plan file)."""
+    from engine_bundle.manifest import MANIFEST_NAME
 
-        device_compute_capability(0)
-        return True
-    except Exception:  # no cuda-python, no driver, or no device: a CPU host
-        return False
+    for candidate in (path, *path.parents):
+        if (candidate / MANIFEST_NAME).is_file():
+            return candidate
+    return path  # read_manifest explains what is missing
+
+
+def _check_input_shape(shape: tuple[int, ...], shapes: dict, bundle_dir: Path) -> None:
+    size = shapes["image_size"]
+    expected = f"(1..{shapes['max_batch']}, 3, {size}, {size})"
+    if len(shape) != 4 or shape[1:] != (3, size, size) or not 1 <= shape[0] <= shapes["max_batch"]:
+        raise ManifestError(
+            f"input_shape {shape} does not match the engine bundle {bundle_dir}: it takes pixel values of shape "
+            f"{expected}. Pass that shape, or rebuild with optimize_trt_engine.py --max_batch N for larger batches."
+        )
+
+
+def _greedy(logits: np.ndarray) -> TokenStep:
+    """Argmax of float32 logits and its log-probability (log-softmax in float64 for a stable confidence)."""
+    token = int(np.argmax(logits))
+    shifted = logits.astype(np.float64) - float(logits[token])
+    return TokenStep(token, float(-np.log(np.exp(shifted).sum())))
+
+
+def _has_cuda_gpu() -> bool:
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
+
+    return probe_cuda_gpu(0)[0] is not None
+
+
+def _why_not_tensorrt(has_engines: bool, module: str) -> str:
+    """Why `auto` cannot use the TensorRT executor here ('' when it can): the log line says which."""
+    if not has_engines:
+        return "the bundle holds no TensorRT plans (built with --target none)"
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} package is not installed"
+    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
+
+    return probe_cuda_gpu(0)[1]

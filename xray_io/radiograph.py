@@ -1,10 +1,15 @@
-"""The one image type that flows from the loaders to the model."""
+"""The one image type that flows from the loaders to the model, and the mapping of stored values onto it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from xray_io.errors import CorruptImageError, UnsupportedImageError
+
+MAX_LUT_ENTRIES = 1 << 16  # distinct stored values a film may span: 16 bits, the most any detector stores
 
 
 @dataclass(frozen=True)
@@ -33,14 +38,48 @@ class Radiograph:
         return self.pixels.shape  # type: ignore[return-value]
 
 
-def stretch_to_uint8(values: np.ndarray) -> np.ndarray:
-    """Min-max stretch to 0-255 (MedGemma's DICOM handling). A flat image cannot be stretched and is refused."""
-    values = values.astype(np.float64, copy=False)
-    low, high = float(values.min()), float(values.max())
-    if high <= low:
-        from xray_io.errors import UnsupportedImageError
+def to_display_uint8(
+    pixels: np.ndarray,
+    transform: Callable[[np.ndarray], np.ndarray] | None = None,
+    invert: bool = False,
+) -> np.ndarray:
+    """Integer stored values -> 8-bit film: `transform` (value -> display value, e.g. pydicom's modality and VOI
+    LUTs), a min-max stretch over the values present (MedGemma's DICOM handling), then optional inversion.
 
+    Every step depends on the stored value alone, so it is computed once per possible value (at most 65536) and
+    applied with one table lookup. Peak memory is the input plus the 1-byte output; computing it pixel by pixel
+    makes float64 copies of 8 bytes a pixel each (320 MB apiece for a 40 Mpx film). `pixels` is consumed: its
+    buffer becomes the lookup index.
+    """
+    if pixels.dtype.kind not in "iu":
+        raise TypeError(f"stored pixel values must be integers, got {pixels.dtype}")
+    low, high = int(pixels.min()), int(pixels.max())
+    span = high - low + 1
+    if span > MAX_LUT_ENTRIES:
         raise UnsupportedImageError(
-            f"The image is blank: every pixel has the value {low:g}. Check the export settings and upload the film again."
+            f"The pixel values span {low}..{high}, more than 16 bits; export the film with at most 16 bits a pixel."
         )
-    return np.round((values - low) * (255.0 / (high - low))).astype(np.uint8)
+    # The same bytes read as unsigned: value - low wraps into [0, span), which always fits.
+    index = pixels.view(np.dtype(f"u{pixels.itemsize}"))
+    index -= index.dtype.type(low % (1 << (8 * pixels.itemsize)))
+    present = np.zeros(span, dtype=bool)
+    present[index] = True
+
+    values = np.arange(low, high + 1, dtype=np.int64)
+    table = np.asarray(transform(values) if transform is not None else values, dtype=np.float64)
+    shown = table[present]
+    if not np.isfinite(shown).all():
+        raise CorruptImageError(
+            "The header's rescale or LUT values turn the pixels into non-numbers; the header is damaged. "
+            "Export the film again from the PACS."
+        )
+    darkest, brightest = float(shown.min()), float(shown.max())
+    if brightest <= darkest:
+        raise UnsupportedImageError(
+            f"The image is blank: every pixel shows the value {darkest:g}. "
+            "Check the export settings and upload the film again."
+        )
+    lut = np.clip(np.round((table - darkest) * (255.0 / (brightest - darkest))), 0, 255).astype(np.uint8)
+    if invert:
+        lut = 255 - lut
+    return lut[index]

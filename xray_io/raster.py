@@ -1,4 +1,5 @@
-"""PNG and JPEG films through Pillow: 8-bit kept as is, 16-bit stretched to 8-bit like DICOM."""
+"""PNG and JPEG films through Pillow: 8-bit kept as is, 16-bit stretched to 8-bit like DICOM, EXIF orientation
+applied. The pixel count is checked from Pillow's header read, before anything is decoded."""
 
 from __future__ import annotations
 
@@ -7,45 +8,94 @@ import logging
 
 import numpy as np
 
-from xray_io.errors import CorruptImageError, UnsupportedImageError
-from xray_io.radiograph import Radiograph, stretch_to_uint8
+from xray_io.errors import CorruptImageError, ImageTooLargeError, UnsupportedImageError
+from xray_io.radiograph import Radiograph, to_display_uint8
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_FORMATS = {"PNG", "JPEG"}
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
+COLOUR_MODES = ("RGB", "RGBA", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV")
+ROTATIONS = {3: "rotated 180°", 6: "rotated 90° clockwise", 8: "rotated 90° anticlockwise"}
 
 
-def read_raster(data: bytes, filename: str = "upload") -> Radiograph:
+def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        image = Image.open(io.BytesIO(data))
-        image.load()
+        image = Image.open(io.BytesIO(data))  # reads the header only
     except UnidentifiedImageError as exc:
         raise UnsupportedImageError(
-            f"{filename}: not a PNG, JPEG or DICOM file. Upload the chest X-ray as DICOM (.dcm), PNG or JPEG."
+            "This is not a PNG, JPEG or DICOM file. Upload the chest X-ray as DICOM (.dcm), PNG or JPEG."
         ) from exc
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise CorruptImageError(f"{filename}: the image could not be decoded ({exc}); it may be truncated.") from exc
+    except Image.DecompressionBombError as exc:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
+        raise _too_large(None, max_pixels) from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise CorruptImageError("The image header is damaged; the file may be truncated. Export it again.") from exc
 
     if image.format not in SUPPORTED_FORMATS:
-        raise UnsupportedImageError(f"{filename}: {image.format} images are not supported; convert it to PNG.")
+        raise UnsupportedImageError(f"{image.format} images are not supported; convert the film to PNG.")
+    width, height = image.size
+    if width * height > max_pixels:
+        raise _too_large(f"{width}x{height} pixels ({width * height / 1e6:.0f} Mpx)", max_pixels)
+    try:
+        image.load()
+    except Image.DecompressionBombError as exc:
+        raise _too_large(f"{width}x{height} pixels", max_pixels) from exc
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise CorruptImageError(
+            f"The image could not be decoded ({type(exc).__name__}); it may be truncated. Export it again."
+        ) from exc
+
     warnings: list[str] = ["No DICOM header: the view position (PA) could not be checked."]
-    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        film = stretch_to_uint8(np.asarray(image))
-        depth = "16-bit"
-    elif image.mode in ("L", "LA"):
-        film = np.asarray(image.convert("L"))
-        depth = "8-bit"
-    elif image.mode in ("RGB", "RGBA", "P", "CMYK", "YCbCr"):
+    image = _apply_exif_orientation(image, warnings)
+    kind = image.format
+    film, depth = _grayscale_pixels(image, warnings)
+    del image  # Pillow's copy of the pixels goes before the film is returned
+    logger.info("decoded %s %s size=%dx%d", kind, depth, film.shape[1], film.shape[0])
+    return Radiograph(pixels=film, source=f"{kind} {depth}", warnings=tuple(warnings))
+
+
+def _grayscale_pixels(image, warnings: list[str]) -> tuple[np.ndarray, str]:
+    if image.mode in SIXTEEN_BIT_MODES:
+        return to_display_uint8(np.array(image)), "16-bit"
+    if image.mode == "L":
+        return np.array(image), "8-bit"
+    if image.mode in ("LA", "1"):
+        return np.array(image.convert("L")), "8-bit"
+    if image.mode in COLOUR_MODES:
         rgb = np.asarray(image.convert("RGB"))
         if not (np.array_equal(rgb[..., 0], rgb[..., 1]) and np.array_equal(rgb[..., 1], rgb[..., 2])):
             warnings.append("The image has colour; it was converted to grayscale.")
-        film = np.asarray(image.convert("L"))
-        depth = "8-bit colour"
-    else:
-        raise UnsupportedImageError(
-            f"{filename}: pixel mode {image.mode} is not supported; save it as 8- or 16-bit PNG."
-        )
-    logger.info("decoded %s %s size=%dx%d", image.format, depth, film.shape[1], film.shape[0])
-    return Radiograph(pixels=np.ascontiguousarray(film), source=f"{image.format} {depth}", warnings=tuple(warnings))
+        del rgb
+        return np.array(image.convert("L")), "8-bit colour"
+    raise UnsupportedImageError(f"Pixel mode {image.mode} is not supported; save the film as 8- or 16-bit PNG.")
+
+
+def _apply_exif_orientation(image, warnings: list[str]):
+    """Cameras and phones store the sensor's rows and name the rotation in EXIF; viewers rotate, and so must we,
+    or the model sees the film sideways."""
+    from PIL import ImageOps
+
+    try:
+        orientation = image.getexif().get(0x0112, 1)
+        rotated = ImageOps.exif_transpose(image)
+    except MemoryError:
+        raise
+    except Exception:  # EXIF is untrusted metadata; a damaged block must not cost the film
+        warnings.append("The image's EXIF block is damaged, so its orientation could not be read; shown as stored.")
+        return image
+    if rotated is not image and orientation != 1:
+        turn = ROTATIONS.get(orientation, "mirrored or rotated")
+        warnings.append(f"The image's EXIF orientation says it is {turn}; it was turned upright.")
+        rotated.format = image.format
+        return rotated
+    return image
+
+
+def _too_large(size: str | None, max_pixels: int) -> ImageTooLargeError:
+    declared = f"The image is {size}" if size else "The image declares far more pixels than any film"
+    return ImageTooLargeError(
+        f"{declared}; the limit is {max_pixels / 1e6:g} Mpx, twice the largest chest film, so it was refused "
+        "before decoding. Export the film at its native resolution."
+    )

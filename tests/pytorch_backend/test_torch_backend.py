@@ -1,4 +1,5 @@
-"""The PyTorch backend on the demo checkpoint: streaming, multi-turn prompts, features, lifecycle."""
+"""The PyTorch reference backend on the demo checkpoint: the contract's loop against transformers' own generate(),
+multi-turn prompts, KV reuse across turns, features, lifecycle."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.contract import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
+from inference_api.errors import RequestError
+from tests.reference import hf_generate, hf_inputs
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
@@ -45,7 +48,8 @@ def test_prompt_uses_chat_template_system_prompt_and_history(backend, image):
         image,
         (ChatTurn("user", "First question?"), ChatTurn("assistant", "First answer."), ChatTurn("user", "Follow-up?")),
     )
-    inputs = backend.model_inputs(request)
+    inputs = hf_inputs(backend, request)
+    assert backend._encode_impl(request).ids == inputs["input_ids"][0].tolist()  # same ids as the processor
     text = backend.processor.tokenizer.decode(inputs["input_ids"][0])
     assert text.startswith("<bos><start_of_turn>user\nYou are an expert radiologist.\n\n")
     assert "First answer.<end_of_turn>\n<start_of_turn>user\nFollow-up?<end_of_turn>\n<start_of_turn>model\n" in text
@@ -57,7 +61,7 @@ def test_next_token_distribution_depends_on_question_and_film(backend, image):
     import torch
 
     def next_token_logits(question, film):
-        inputs = backend.model_inputs(GenerationRequest(film, (ChatTurn("user", question),)))
+        inputs = hf_inputs(backend, GenerationRequest(film, (ChatTurn("user", question),)))
         with torch.inference_mode():
             return backend.model(**inputs).logits[0, -1].numpy()
 
@@ -75,12 +79,61 @@ def test_image_features_shape(backend, image):
     assert np.allclose(features[0], features[1])
 
 
+def test_contract_loop_gives_generates_tokens_and_logprobs(backend, image):
+    for question in ("What are the findings?", "Is the heart enlarged? Answer briefly."):
+        request = GenerationRequest(image, (ChatTurn("user", question),), max_new_tokens=20)
+        stats = GenerationStats()
+        backend.generate(request, stats)
+        tokens, logprobs = hf_generate(backend, request)
+        assert stats.token_ids == tokens
+        assert np.allclose(stats.token_logprobs, logprobs, atol=1e-4)
+        assert all(p <= 0 for p in stats.token_logprobs)
+
+
+def test_follow_up_reuses_the_kv_cache_and_answers_the_same(backend, image):
+    first = GenerationRequest(image, (ChatTurn("user", "Findings?"),), max_new_tokens=12, conversation_id="case-1")
+    answer = backend.generate(first)
+    turns = (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "And the heart?"))
+    cached, fresh = GenerationStats(), GenerationStats()
+    with_cache = backend.generate(GenerationRequest(image, turns, max_new_tokens=12, conversation_id="case-1"), cached)
+    backend.forget("case-1")
+    without = backend.generate(GenerationRequest(image, turns, max_new_tokens=12), fresh)
+    assert cached.reused_tokens > 256 and fresh.reused_tokens == 0  # the film and the first turn were not re-run
+    assert cached.token_ids == fresh.token_ids and with_cache == without
+    assert "case-1" not in backend.resident_conversations
+
+
+def test_another_film_under_the_same_conversation_is_not_reused(backend, image):
+    request = GenerationRequest(image, (ChatTurn("user", "Findings?"),), max_new_tokens=4, conversation_id="case-2")
+    backend.generate(request)
+    other, stats = image.transpose(0), GenerationStats()
+    backend.generate(GenerationRequest(other, request.turns, max_new_tokens=4, conversation_id="case-2"), stats)
+    assert stats.reused_tokens == 0
+    backend.forget("case-2")
+
+
+def test_least_recently_used_conversation_is_evicted(demo_model_dir, image):
+    from pytorch_backend.eager import TorchInference
+
+    model = TorchInference(demo_model_dir, device="cpu", max_resident_conversations=1)
+    try:
+        ask = lambda cid: GenerationRequest(image, (ChatTurn("user", "Findings?"),), 4, conversation_id=cid)  # noqa: E731
+        model.generate(ask("a"))
+        model.generate(ask("b"))
+        assert model.resident_conversations == ["b"]
+        again = GenerationStats()
+        model.generate(ask("a"), again)  # evicted: re-prefilled transparently
+        assert again.reused_tokens == 0 and again.new_tokens == 4
+    finally:
+        model.close()
+
+
 def test_bad_requests_are_refused(backend, image):
-    with pytest.raises(ValueError, match="alternate"):
+    with pytest.raises(RequestError, match="alternate"):
         backend.generate(GenerationRequest(image, (ChatTurn("assistant", "hi"),)))
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(RequestError, match="empty"):
         backend.generate(GenerationRequest(image, (ChatTurn("user", "   "),)))
-    with pytest.raises(ValueError, match="max_new_tokens"):
+    with pytest.raises(RequestError, match="max_new_tokens"):
         backend.generate(GenerationRequest(image, (ChatTurn("user", "q"),), max_new_tokens=0))
 
 

@@ -18,43 +18,11 @@ import pytest
 from gradio_client import Client, handle_file
 
 from devtools.phantoms import chest_phantom, dicom_bytes, quantize
-from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
+from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port, wait_ready
+from tests.scripts.harness import Operator
 
 pytestmark = pytest.mark.slow
 SCRIPTS = REPO_ROOT / "scripts"
-
-
-class Operator:
-    """Runs the scripts the way an operator does, against one install's LOG_DIR and port."""
-
-    def __init__(self, log_dir: Path, port: int, **env: str) -> None:
-        self.log_dir, self.port = log_dir, port
-        self.env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
-        self.env.update({"LOG_DIR": str(log_dir), "PORT": str(port), **env})
-
-    def run(self, script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(SCRIPTS / script), *args], cwd="/", env=self.env, capture_output=True, text=True, timeout=timeout
-        )  # cwd="/": the scripts must work from any working directory
-
-    @property
-    def pid_file(self) -> Path:
-        return self.log_dir / "gradio_app.pid"
-
-    def pid(self) -> int:
-        return int(self.pid_file.read_text())
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status_json(self) -> dict:
-        result = self.run("status_gradio.sh", "--json")
-        return json.loads(result.stdout)
-
-    def cleanup(self) -> None:
-        if self.pid_file.exists():
-            self.run("stop_gradio.sh", "--timeout", "20")
 
 
 @pytest.fixture()
@@ -78,9 +46,16 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
 
         status = op.run("status_gradio.sh")
         assert status.returncode == 0
-        for line in ("Inference Mode: PyTorch", "TRT Engine: Not loaded", "Executor: transformers",
-                     "Model: medgemma-xray-demo (random weights)", "Device: cpu", f"PID {pid}",
-                     "Circuit breaker: closed", "Last switch: none"):  # fmt: skip
+        for line in (
+            "Inference Mode: PyTorch",
+            "TRT Engine: Not loaded",
+            "Executor: transformers",
+            "Model: medgemma-xray-demo (random weights)",
+            "Device: cpu",
+            f"PID {pid}",
+            "Circuit breaker: closed",
+            "Last switch: none",
+        ):
             assert line in status.stdout, status.stdout
 
         switched = op.run("switch_to_trt.sh")
@@ -157,8 +132,9 @@ def test_second_start_refused_and_recovery_after_kill_9(tmp_path):
 
 def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
     """8 clients ask without pause while the mode flips 10 times; both backends stay loaded."""
-    op = Operator(tmp_path / "logs", free_port(), KEEP_BOTH_BACKENDS="1", MAX_NEW_TOKENS="8",
-                  GENERATION_CONCURRENCY="8")  # fmt: skip
+    op = Operator(
+        tmp_path / "logs", free_port(), KEEP_BOTH_BACKENDS="1", MAX_NEW_TOKENS="8", GENERATION_CONCURRENCY="8"
+    )
     stop, switching = threading.Event(), threading.Event()
     results = {"ok": 0, "failed": [], "latency": {"baseline": [], "switching": []}}
     lock = threading.Lock()
@@ -206,9 +182,11 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
         observed = {
             phase: (statistics.median(values), max(values)) for phase, values in results["latency"].items() if values
         }
-        print(f"\nswitches under load: 10, requests answered {results['ok']}, failed {len(results['failed'])}, "
-              f"server-measured max interruption {max(interruptions):.3f} ms; client latency median/max (s): "
-              f"{ {k: (round(a, 3), round(b, 3)) for k, (a, b) in observed.items()} }")  # fmt: skip
+        print(
+            f"\nswitches under load: 10, requests answered {results['ok']}, failed {len(results['failed'])}, "
+            f"server-measured max interruption {max(interruptions):.3f} ms; client latency median/max (s): "
+            f"{ {k: (round(a, 3), round(b, 3)) for k, (a, b) in observed.items()} }"
+        )
         assert results["failed"] == []
         assert results["ok"] >= 16
         assert max(interruptions) < 200
@@ -221,15 +199,49 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
 
 
 def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_path, int8_bundle, film):
-    op = Operator(tmp_path / "logs", free_port(), FAULT_INJECTION="1", MAX_NEW_TOKENS="8")
+    """The real server, its TensorRT backend wrapped to fail (tests/support/faulty_server.py)."""
+    log_dir, port = tmp_path / "logs", free_port()
+    env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
+    env.update({"LOG_DIR": str(log_dir), "MAX_NEW_TOKENS": "8", "TEST_TRT_FAULTS": "5"})
+    log_dir.mkdir(parents=True)
+    server = subprocess.Popen(
+        [
+            str(REPO_ROOT / ".venv" / "bin" / "python"),
+            "tests/support/faulty_server.py",
+            "--mode",
+            "trt",
+            "--engine_path",
+            str(int8_bundle),
+            "--port",
+            str(port),
+            "--log_file",
+            str(log_dir / "gradio_app.log"),
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=open(log_dir / "console.log", "ab"),  # noqa: SIM115 (closed with the process)
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    control = [
+        str(REPO_ROOT / ".venv" / "bin" / "python"),
+        "-m",
+        "serving.control_cli",
+        "--socket",
+        str(log_dir / "control.sock"),
+    ]
+
+    def status_text() -> str:
+        return subprocess.run([*control, "status"], cwd=REPO_ROOT, capture_output=True, text=True).stdout
+
+    def status_json() -> dict:
+        reply = subprocess.run([*control, "status", "--json"], cwd=REPO_ROOT, capture_output=True, text=True)
+        return json.loads(reply.stdout)
+
     try:
-        assert op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(int8_bundle)).returncode == 0
-        assert "Inference Mode: TensorRT" in op.run("status_gradio.sh").stdout
-        control = [str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "serving.control_cli",
-                   "--socket", str(op.log_dir / "control.sock")]  # fmt: skip
-        injected = subprocess.run([*control, "inject-fault", "5"], cwd=REPO_ROOT, capture_output=True, text=True)
-        assert injected.returncode == 0, injected.stderr
-        client = Client(op.url, verbose=False)
+        wait_ready(url, server)
+        assert "Inference Mode: TensorRT" in status_text()
+        client = Client(url, verbose=False)
         client.predict(handle_file(str(film)), api_name="/upload_film")
         for attempt in range(5):
             chat = client.predict(f"Question {attempt}?", api_name="/ask")[0]
@@ -237,24 +249,26 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
                 "a failed TensorRT request must still be answered"
             )
         deadline = time.monotonic() + 30
-        while op.status_json()["mode"] != "pytorch" and time.monotonic() < deadline:
+        while status_json()["mode"] != "pytorch" and time.monotonic() < deadline:
             time.sleep(0.2)
-        status = op.run("status_gradio.sh").stdout
+        status = status_text()
         assert "Inference Mode: PyTorch" in status
         assert "Circuit breaker: open (5/5" in status and "InjectedFault" in status
         assert "circuit breaker" in status  # the last switch's reason
         badge = client.predict(api_name="/model_badge")
         assert "circuit breaker" in badge and "PyTorch" in badge
-        metrics = urllib.request.urlopen(f"{op.url}/metrics", timeout=5).read().decode()
+        metrics = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
         assert re.search(r"^medgemma_breaker_trips_total 1\.0$", metrics, re.M)
         assert re.search(r'^medgemma_errors_total\{kind="tensorrt"\} 5\.0$', metrics, re.M)
-        log = (op.log_dir / "gradio_app.log").read_text()
+        log = (log_dir / "gradio_app.log").read_text()
         assert "circuit breaker tripped after 5 consecutive TensorRT failures" in log
         # going back is manual, and closes the breaker
-        assert op.run("switch_to_trt.sh").returncode == 0
-        assert "Circuit breaker: closed" in op.run("status_gradio.sh").stdout
+        back = subprocess.run([*control, "switch", "trt"], cwd=REPO_ROOT, capture_output=True, text=True)
+        assert back.returncode == 0, back.stderr
+        assert "Circuit breaker: closed" in status_text()
     finally:
-        op.cleanup()
+        server.terminate()
+        server.wait(60)
 
 
 def test_control_channel_is_host_only_and_needs_the_token(tmp_path, demo_server):
@@ -278,7 +292,8 @@ def test_control_channel_is_host_only_and_needs_the_token(tmp_path, demo_server)
     assert raw(b'{"command": "status", "token": "guess"}\n')["ok"] is False
     token = token_path.read_text().strip()
     assert raw(json.dumps({"command": "status", "token": token}).encode() + b"\n")["ok"] is True
-    assert raw(json.dumps({"command": "inject_fault", "count": 1, "token": token}).encode() + b"\n")["ok"] is False
+    unknown = raw(json.dumps({"command": "inject_fault", "count": 1, "token": token}).encode() + b"\n")
+    assert unknown["ok"] is False and "unknown command" in unknown["error"]  # no fault switch in production
 
     # The network side: the UI port has no control route, and the server listens on no other TCP port.
     for path in ("/switch", "/control", "/api/switch"):
@@ -317,7 +332,8 @@ def test_metrics_expose_the_series_with_samples(demo_server, film):
         r'^medgemma_request_latency_seconds_count\{mode="pytorch"\} [1-9]',
         r'^medgemma_time_to_first_token_seconds_count\{mode="pytorch"\} [1-9]',
         r'^medgemma_generated_tokens_total\{mode="pytorch"\} [1-9]',
-        r"^medgemma_queue_depth 0\.0$",
+        r"^medgemma_requests_waiting 0\.0$",
+        r"^medgemma_requests_running 0\.0$",
         r"^medgemma_breaker_trips_total 0\.0$",
         r"^medgemma_ready 1\.0$",
         r"^# TYPE medgemma_switches_total counter$",
@@ -326,22 +342,3 @@ def test_metrics_expose_the_series_with_samples(demo_server, film):
         r"^# TYPE medgemma_gpu_utilization_percent gauge$",
     ):
         assert re.search(pattern, body, re.M), pattern
-
-
-def test_systemd_unit_is_generated_and_verifies(tmp_path):
-    unit = tmp_path / "medgemma-xray.service"
-    op = Operator(tmp_path / "logs", free_port())
-    result = op.run("install_service.sh", "--user", "root", "--output", str(unit))
-    assert result.returncode == 0, result.stderr
-    text = unit.read_text()
-    assert f"ExecStart={REPO_ROOT}/scripts/start_gradio.sh --foreground" in text
-    assert "Restart=on-failure" in text and "EnvironmentFile=-/etc/default/medgemma-xray" in text
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.fail("systemd-analyze is missing; scripts/setup_env.sh --dev installs systemd's tools")
-    verified = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
-    assert verified.returncode == 0 and str(unit) not in verified.stderr, verified.stderr
-    broken = tmp_path / "broken.service"
-    broken.write_text(text.replace("Restart=on-failure", "Restart=sometimes"))
-    complaint = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True)
-    assert "Failed to parse service restart specifier" in complaint.stderr  # the check can fail

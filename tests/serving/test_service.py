@@ -7,7 +7,8 @@ import time
 import pytest
 
 from devtools.phantoms import chest_phantom, png_bytes, quantize
-from inference_api.contract import ChatTurn, GenerationRequest
+from inference_api.errors import RequestError
+from inference_api.types import ChatTurn, GenerationRequest
 from serving.service import InferenceService, SwitchError
 from serving.settings import Settings
 from xray_io import load_radiograph
@@ -28,10 +29,12 @@ def make_service(tmp_path, bundle, **overrides) -> InferenceService:
     return service
 
 
-def test_a_running_answer_finishes_on_the_old_backend(tmp_path, int8_bundle, image):
-    service = make_service(tmp_path, int8_bundle)
+@pytest.mark.parametrize("torch_path", ["eager", "fast"])
+def test_a_running_answer_finishes_on_the_old_backend(tmp_path, int8_bundle, image, torch_path):
+    """Both PyTorch paths (the fast one warms up in the switch's load, while requests flow)."""
+    service = make_service(tmp_path, int8_bundle, torch_path=torch_path)
     try:
-        old = service._current
+        old = service._current.backend
         request = GenerationRequest(image, (ChatTurn("user", "Findings?"),), max_new_tokens=40)
         stream = service.stream_answer(request)
         first = next(stream)
@@ -40,7 +43,7 @@ def test_a_running_answer_finishes_on_the_old_backend(tmp_path, int8_bundle, ima
         rest = list(stream)  # the leased PyTorch backend keeps serving this answer
         assert rest and rest[-1].startswith(first)
         assert not old.closed and service.info().executor == "onnxruntime-cpu"
-        trt_backend = service._current
+        trt_backend = service._current.backend
         service.switch_to("pytorch")
         deadline = time.monotonic() + 10
         while not trt_backend.closed and time.monotonic() < deadline:  # closed once drained (not kept)
@@ -54,7 +57,7 @@ def test_request_errors_do_not_count_as_tensorrt_failures(tmp_path, int8_bundle,
     service = make_service(tmp_path, int8_bundle, inference_mode="trt")
     try:
         too_long = GenerationRequest(image, (ChatTurn("user", "Findings?"),), max_new_tokens=2000)
-        with pytest.raises(ValueError, match="exceeds the engine's maximum"):
+        with pytest.raises(RequestError, match="exceeds this model's maximum"):
             list(service.stream_answer(too_long))
         assert service.breaker.snapshot().consecutive_failures == 0 and service.mode == "trt"
     finally:
@@ -64,7 +67,7 @@ def test_request_errors_do_not_count_as_tensorrt_failures(tmp_path, int8_bundle,
 def test_unknown_mode_and_missing_engine_leave_the_mode_alone(tmp_path):
     service = make_service(tmp_path, None)
     try:
-        with pytest.raises(ValueError, match="valid modes: pytorch, trt"):
+        with pytest.raises(RequestError, match="valid modes: pytorch, trt"):
             service.switch_to("onnx")
         with pytest.raises(SwitchError, match="No engine bundle configured"):
             service.switch_to("trt")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,9 +10,11 @@ import numpy as np
 import pytest
 
 from devtools.phantoms import chest_phantom, png_bytes, quantize
-from engine_bundle.manifest import ManifestError, check_gpu
+from engine_bundle.integrity import seal
+from engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
 from inference_api.contract import ChatTurn, GenerationRequest
 from tests.conftest import REPO_ROOT
+from tests.reference import hf_generate, hf_inputs
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
@@ -36,9 +37,11 @@ def film():
 
 
 def torch_tokens(backend, request):
-    from engine_build.verify import reference_tokens
+    return hf_generate(backend, request)[0]
 
-    return reference_tokens(backend, request)[0]
+
+def token_ids(backend, request):
+    return [step.token_id for step in backend.generate_steps(request)]
 
 
 def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film):
@@ -46,7 +49,7 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
 
     bundle = TRTInference(int8_bundle)
     info = bundle.info()
-    assert (info.mode, info.executor, info.precision, info.device) == ("tensorrt", "onnxruntime-cpu", "int8", "cpu")
+    assert (info.mode, info.executor, info.precision, info.device) == ("trt", "onnxruntime-cpu", "int8", "cpu")
     first = GenerationRequest(film, (ChatTurn("user", "What are the main findings?"),), max_new_tokens=FIRST_N)
     answer = bundle.generate(first)
     second = GenerationRequest(
@@ -55,7 +58,7 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
         max_new_tokens=FIRST_N,
     )
     for request in (first, second):
-        produced = [token for token, _ in bundle.generate_tokens(request)]
+        produced = token_ids(bundle, request)
         expected = torch_tokens(torch_backend, request)
         agreement = np.mean([a == b for a, b in zip(expected, produced, strict=True)])
         assert len(produced) == FIRST_N
@@ -77,7 +80,7 @@ def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend
     )
     request = GenerationRequest(film, history, max_new_tokens=24)
     assert bundle.prompt_ids(request).shape[1] > 512 + 50
-    produced = [token for token, _ in bundle.generate_tokens(request)]
+    produced = token_ids(bundle, request)
     assert produced == torch_tokens(torch_backend, request)
     bundle.close()
 
@@ -89,7 +92,7 @@ def test_torch_free_preprocessing_matches_the_hf_processor(fp32_bundle, torch_ba
     request = GenerationRequest(
         film, (ChatTurn("user", "Any effusion?"), ChatTurn("assistant", "No."), ChatTurn("user", "Sure?"))
     )
-    expected = torch_backend.model_inputs(request)
+    expected = hf_inputs(torch_backend, request)
     assert np.array_equal(bundle.prompt_ids(request), expected["input_ids"].numpy())
     pixels = bundle.preprocess([film])
     assert np.abs(pixels - expected["pixel_values"].numpy()).max() < 1e-6
@@ -113,8 +116,8 @@ except ImportError:
     pass
 from PIL import Image
 from inference_api.contract import ChatTurn, GenerationRequest
-from trt_inference.trt_model import TRTInference
-backend = TRTInference({str(int8_bundle)!r})
+from trt_inference import TRTInference  # the seeds' own integration: lazy, torch-free
+backend = TRTInference(engine_path={str(int8_bundle / "engines" / "decoder.plan")!r}, input_shape=(1, 3, 896, 896))
 request = GenerationRequest(Image.open({str(image_path)!r}).convert("RGB"), (ChatTurn("user", "Findings?"),), max_new_tokens=8)
 text = "".join(backend.stream_generate(request))
 print("EXECUTOR", backend.info().executor)
@@ -136,9 +139,9 @@ def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path
 
     bundle = tmp_path / "old"
     shutil.copytree(int8_bundle, bundle)
-    manifest = json.loads((bundle / "manifest.json").read_text())
-    manifest["tensorrt"]["version"] = "1.0.0.21"
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    manifest = read_manifest(bundle)
+    manifest["tensorrt"]["version"] = "1.0.0.21"  # as if built, and sealed, by another TensorRT-RTX
+    write_manifest(bundle, seal(bundle, manifest))
     with pytest.raises(ManifestError) as error:
         TRTInference(bundle, executor="tensorrt")
     message = str(error.value)
@@ -147,9 +150,16 @@ def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path
 
 
 def test_engine_for_another_gpu_is_refused():
-    manifest = {"tensorrt": {"target": "tensorrt", "version": "10.13.0", "gpu_name": "NVIDIA L40S",
-                             "compute_capability": "8.9", "hardware_compatibility": "NONE"},
-                "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"}}  # fmt: skip
+    manifest = {
+        "tensorrt": {
+            "target": "tensorrt",
+            "version": "10.13.0",
+            "gpu_name": "NVIDIA L40S",
+            "compute_capability": "8.9",
+            "hardware_compatibility": "NONE",
+        },
+        "build": {"command": "python optimize_trt_engine.py --model_path m --precision int8 --output_path e"},
+    }
     with pytest.raises(
         ManifestError, match=r"built for compute capability 8.9 \(NVIDIA L40S\), this host has 9.0 \(NVIDIA H200\)"
     ):
@@ -169,3 +179,32 @@ def test_onnx_only_bundle_refuses_the_tensorrt_executor_with_the_fix(fp32_bundle
 def _cosine(a, b):
     a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_a_follow_up_keeps_the_decoder_slot_and_prefills_only_its_new_tokens(int8_bundle, film):
+    """KV reuse across turns on the engine path (ONNX Runtime executor): same tokens, a fraction of the prefill."""
+    from inference_api.types import GenerationStats
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(int8_bundle)
+    try:
+        first = GenerationRequest(film, (ChatTurn("user", "Findings?"),), max_new_tokens=8, conversation_id="case")
+        answer = bundle.generate(first)
+        assert bundle.resident_conversations == ["case"]
+        turns = (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "And the heart?"))
+        kept, fresh = GenerationStats(), GenerationStats()
+        bundle.generate(GenerationRequest(film, turns, max_new_tokens=8, conversation_id="case"), kept)
+        bundle.generate(GenerationRequest(film, turns, max_new_tokens=8), fresh)
+        assert kept.reused_tokens > 256 and fresh.reused_tokens == 0
+        assert kept.token_ids == fresh.token_ids
+    finally:
+        bundle.close()
+
+
+def test_input_shape_other_than_the_bundles_is_refused_naming_its_shape(int8_bundle):
+    from trt_inference import TRTInference
+
+    with pytest.raises(ManifestError, match=r"takes pixel values of shape \(1\.\.2, 3, 896, 896\)"):
+        TRTInference(engine_path=int8_bundle, input_shape=(1, 3, 512, 512))
+    with pytest.raises(ManifestError, match="--max_batch"):
+        TRTInference(engine_path=int8_bundle, input_shape=(4, 3, 896, 896))  # the bundle's max_batch is 2

@@ -1,6 +1,7 @@
 """Checked CUDA calls and owned buffers, after NVIDIA's samples/python/common_runtime.py (cuda-python bindings).
 
-Not executable on this project's CI (no GPU); written against cuda.bindings.runtime as of CUDA 13.
+Written against cuda.bindings.runtime (cuda-python 13). CI runs it against devtools.trt_standins.cuda_host (host
+memory standing in for the GPU, every copy bounds-checked); benchmarks/h200_tensorrt_executor.py runs it for real.
 """
 
 from __future__ import annotations
@@ -83,21 +84,38 @@ class CudaStream:
 
 
 def copy_host_to_device(device: DeviceBuffer, host: np.ndarray, stream: CudaStream) -> None:
+    if host.nbytes > device.nbytes:
+        raise ValueError(f"copy of {host.nbytes} bytes into a device buffer of {device.nbytes}")
     cudart = _cudart()
     kind = cudart.cudaMemcpyKind.cudaMemcpyHostToDevice
     cuda_call(cudart.cudaMemcpyAsync(device.pointer, host.ctypes.data, host.nbytes, kind, stream.handle))
 
 
 def copy_device_to_host(host: np.ndarray, device: DeviceBuffer, stream: CudaStream) -> None:
+    if host.nbytes > device.nbytes:
+        raise ValueError(f"copy of {host.nbytes} bytes out of a device buffer of {device.nbytes}")
     cudart = _cudart()
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
     cuda_call(cudart.cudaMemcpyAsync(host.ctypes.data, device.pointer, host.nbytes, kind, stream.handle))
 
 
-def copy_device_to_device(target: int, source: int, nbytes: int, stream: CudaStream) -> None:
+def copy_device_to_device_2d(
+    target: DeviceBuffer, target_pitch: int, source: DeviceBuffer, source_pitch: int, width: int, rows: int, stream
+) -> None:
+    """rows x width bytes between two pitched layouts (re-packing a KV cache to a shorter length)."""
     cudart = _cudart()
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
-    cuda_call(cudart.cudaMemcpyAsync(target, source, nbytes, kind, stream.handle))
+    cuda_call(
+        cudart.cudaMemcpy2DAsync(
+            target.pointer, target_pitch, source.pointer, source_pitch, width, rows, kind, stream.handle
+        )
+    )
+
+
+def memset_async(buffer: DeviceBuffer, value: int, nbytes: int, stream: CudaStream) -> None:
+    if nbytes > buffer.nbytes:
+        raise ValueError(f"memset of {nbytes} bytes on a buffer of {buffer.nbytes}")
+    cuda_call(_cudart().cudaMemsetAsync(buffer.pointer, value, nbytes, stream.handle))
 
 
 def device_compute_capability(device: int = 0) -> tuple[str, str]:
@@ -106,3 +124,15 @@ def device_compute_capability(device: int = 0) -> tuple[str, str]:
     properties = cuda_call(cudart.cudaGetDeviceProperties(device))
     name = properties.name.decode() if isinstance(properties.name, bytes) else str(properties.name)
     return name.rstrip("\x00"), f"{properties.major}.{properties.minor}"
+
+
+def probe_cuda_gpu(device: int = 0) -> tuple[tuple[str, str] | None, str]:
+    """((GPU name, "major.minor"), "") where cuda-python sees a GPU, else (None, why not): for logs and errors."""
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+    except ImportError as exc:
+        return None, f"cuda-python is not installed ({exc}); pip install cuda-python==13.4.4"
+    try:
+        return device_compute_capability(device), ""
+    except Exception as exc:  # no driver, no device, a driver older than the runtime: say which
+        return None, f"cuda-python found no usable CUDA device ({type(exc).__name__}: {exc})"

@@ -1,6 +1,7 @@
 """Runs a bundle's ONNX graphs (the same graphs TensorRT builds from, Q/DQ included) with ONNX Runtime on CPU.
 
-This is how CI and CPU hosts exercise the exact graphs of an engine bundle.
+This is how CI and CPU hosts exercise the exact graphs of an engine bundle. Same sequence API as the TensorRT
+executor: slots lent with a timeout, run / truncate / past_length, vision batches split by max_batch.
 """
 
 from __future__ import annotations
@@ -10,61 +11,110 @@ from pathlib import Path
 
 import numpy as np
 
+from trt_inference.runtime.slots import DEFAULT_SLOT_TIMEOUT_S, SlotPool
+
+# ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16/bf16 graphs; EXTENDED runs them. Above BASIC, ORT
+# fuses fp8 Q/DQ into MatMulIntegerToFloat, which rejects float8; BASIC runs the Q/DQ nodes as written.
+OPTIMIZATION_LEVELS = {
+    "fp32": "ORT_ENABLE_ALL",
+    "int8": "ORT_ENABLE_ALL",
+    "fp16": "ORT_ENABLE_EXTENDED",
+    "bf16": "ORT_ENABLE_EXTENDED",
+    "fp8": "ORT_ENABLE_BASIC",
+}
+
 
 class OnnxRuntimeExecutor:
     name = "onnxruntime-cpu"
 
-    def __init__(self, bundle_dir: Path, manifest: dict, threads: int | None = None) -> None:
+    def __init__(self, bundle_dir: Path, manifest: dict, sequence_slots: int = 2, threads: int | None = None) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or max(1, (os.cpu_count() or 2))
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.optimization_level = OPTIMIZATION_LEVELS.get(manifest["precision"], "ORT_ENABLE_BASIC")
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self.optimization_level)
         self.sessions = {}
         for graph, entry in manifest["graphs"].items():
             path = Path(bundle_dir) / entry["onnx"]
             self.sessions[graph] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         shapes = manifest["shapes"]
         self.layers, self.kv_heads, self.head_dim = shapes["layers"], shapes["kv_heads"], shapes["head_dim"]
+        self.max_batch, self.max_sequence = shapes["max_batch"], shapes["max_sequence"]
         self.kv_input_names = [f"past_{kind}_{layer}" for layer in range(self.layers) for kind in ("key", "value")]
+        self.slots: SlotPool[int] = SlotPool(list(range(sequence_slots)))
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
-        return self.sessions["vision"].run(None, {"pixel_values": pixel_values.astype(np.float32)})[0]
+        """Image embeddings; batches above the bundle's max_batch run in chunks, as on TensorRT."""
+        session = self.sessions["vision"]
+        chunks = [
+            session.run(None, {"pixel_values": pixel_values[start : start + self.max_batch].astype(np.float32)})[0]
+            for start in range(0, pixel_values.shape[0], self.max_batch)
+        ]
+        return np.concatenate(chunks)
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         return self.sessions["embed"].run(None, {"input_ids": input_ids.astype(np.int64)})[0]
 
-    def new_sequence(self) -> OnnxSequence:
-        return OnnxSequence(self)
+    def new_sequence(self, timeout_s: float | None = DEFAULT_SLOT_TIMEOUT_S) -> OnnxSequence:
+        """A sequence on a free slot; raises inference_api.errors.NoFreeSlotError if none frees up in time."""
+        return OnnxSequence(self, self.slots.acquire(timeout_s))
 
     def close(self) -> None:
         self.sessions.clear()
 
 
 class OnnxSequence:
-    """One conversation's KV cache (host arrays); starts with the dead slot."""
+    """One conversation's KV cache (host arrays); slot 0 of every cache is the dead slot."""
 
-    def __init__(self, executor: OnnxRuntimeExecutor) -> None:
-        self.executor = executor
-        self.kv: list[np.ndarray] | None = None
+    def __init__(self, executor: OnnxRuntimeExecutor, slot: int) -> None:
+        self.executor, self.slot = executor, slot
+        self.kv: list[np.ndarray] | None = None  # (batch, kv_heads, 1 + past_length, head_dim) per layer and kind
+
+    @property
+    def past_length(self) -> int:
+        """Tokens in the cache, the dead slot not counted."""
+        return 0 if self.kv is None else self.kv[0].shape[2] - 1
+
+    def past_feeds(self, batch: int) -> dict[str, np.ndarray]:
+        """The past-KV inputs the next run will feed (the calibration recorder keeps them)."""
+        e = self.executor
+        if self.kv is None:
+            empty = np.zeros((batch, e.kv_heads, 1, e.head_dim), dtype=np.float32)
+            return dict.fromkeys(e.kv_input_names, empty)
+        return dict(zip(e.kv_input_names, self.kv, strict=True))
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
         """Append the new tokens to the cache; return float32 logits of the last token, shape (batch, vocab)."""
+        if self.slot is None:
+            raise RuntimeError("this sequence was closed")
         executor = self.executor
-        batch = inputs_embeds.shape[0]
-        if self.kv is None:
-            empty = np.zeros((batch, executor.kv_heads, 1, executor.head_dim), dtype=np.float32)
-            self.kv = [empty] * (2 * executor.layers)
+        new, total = inputs_embeds.shape[1], full_mask.shape[-1]
+        if self.past_length + 1 + new != total:
+            raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {self.past_length} plus {new} new")
+        if total > executor.max_sequence + 1:
+            raise ValueError(f"conversation of {total - 1} tokens exceeds the bundle's maximum {executor.max_sequence}")
         feeds = {
             "inputs_embeds": inputs_embeds.astype(np.float32),
             "position_ids": position_ids.astype(np.int64),
             "full_mask": full_mask,
             "sliding_mask": sliding_mask,
-            **dict(zip(executor.kv_input_names, self.kv, strict=True)),
+            **self.past_feeds(inputs_embeds.shape[0]),
         }
         logits, *presents = executor.sessions["decoder"].run(None, feeds)
         self.kv = presents
         return logits[:, -1].astype(np.float32)
 
+    def truncate(self, past_length: int) -> None:
+        """Keep the first past_length tokens (and the dead slot); the next run continues from there."""
+        if not 0 <= past_length <= self.past_length:
+            raise ValueError(f"cannot truncate a cache of {self.past_length} tokens to {past_length}")
+        if self.kv is not None and past_length < self.past_length:
+            self.kv = [np.ascontiguousarray(value[:, :, : past_length + 1]) for value in self.kv]
+
     def close(self) -> None:
+        """Give the slot back. Idempotent."""
         self.kv = None
+        if self.slot is not None:
+            slot, self.slot = self.slot, None
+            self.executor.slots.release(slot)

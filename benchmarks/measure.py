@@ -1,0 +1,201 @@
+"""Measurements through the service's streaming path, the same one the UI's handlers use.
+
+Every figure is taken on the client side of InferenceService.stream_answer: time to the first text, the time
+between the first and the last, the whole answer. Side by side in one run, on the same inputs, per mode.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from benchmarks import workload
+from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+
+
+@dataclass
+class Answer:
+    ttft_s: float
+    total_s: float
+    tokens: int
+    reused_tokens: int
+
+    @property
+    def decode_ms_per_token(self) -> float | None:
+        if self.tokens < 2:
+            return None
+        return (self.total_s - self.ttft_s) / (self.tokens - 1) * 1e3  # between the first and the last token
+
+
+def ask(service, request: GenerationRequest) -> tuple[Answer, str]:
+    """One answer. Times are those at which the scheduler accepted each token (stats.token_times, the same clock),
+    not those of the first visible text: a token can add no text (a random model's ids past the demo
+    tokenizer's vocabulary decode to nothing), and the first run measured text, which was wrong."""
+    stats = GenerationStats()
+    started = time.perf_counter()
+    text = ""
+    for update in service.stream_answer(request, stats):
+        text = update
+    ended = time.perf_counter()
+    times = stats.token_times
+    first = times[0] if times else ended
+    last = times[-1] if times else ended
+    return Answer(first - started, last - started, stats.new_tokens, stats.reused_tokens), text
+
+
+def percentiles(values: list[float]) -> dict:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": pick(0.5),
+        "p99": pick(0.99),
+        "p999": pick(0.999),
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
+
+
+def single_stream(service, image, requests: int, max_new_tokens: int, progress: Callable[[], None]) -> dict:
+    """One user at a time: TTFT, decode ms/token and the whole answer, over `requests` answers."""
+    answers = []
+    for _ in range(requests):
+        answers.append(ask(service, workload.question_request(image, max_new_tokens))[0])
+        progress()
+    return {
+        "requests": requests,
+        "answer_tokens": max_new_tokens,
+        "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
+        "decode_ms_per_token": percentiles(
+            [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
+        ),
+        "end_to_end_s": percentiles([a.total_s for a in answers]),
+        "tokens_per_answer": percentiles([a.tokens for a in answers]),
+    }
+
+
+def concurrency(service, image, users: int, answers_each: int, max_new_tokens: int, progress) -> dict:
+    """`users` threads asking without pause: aggregate throughput, per-stream speed, TTFT, and failures."""
+    answers: list[Answer] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def user() -> None:
+        for _ in range(answers_each):
+            try:
+                answer, _ = ask(service, workload.question_request(image, max_new_tokens))
+            except Exception as exc:  # counted and reported: "all served" is a figure, not an assumption
+                with lock:
+                    failures.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            with lock:
+                answers.append(answer)
+            progress()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    tokens = sum(a.tokens for a in answers)
+    return {
+        "users": users,
+        "answers": len(answers),
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "wall_s": wall,
+        "requests_per_s": len(answers) / wall,
+        "tokens_per_s": tokens / wall,
+        "per_stream_ms_per_token": percentiles(
+            [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
+        ),
+        "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
+    }
+
+
+def conversation(service, image, turns: int, max_new_tokens: int, reuse: bool) -> dict:
+    """A case over `turns` questions; with reuse the conversation's KV cache stays between turns."""
+    conversation_id = uuid.uuid4().hex if reuse else None
+    history: tuple[ChatTurn, ...] = ()
+    questions = (workload.QUESTION, *workload.FOLLOW_UPS)
+    per_turn = []
+    started = time.perf_counter()
+    for index in range(turns):
+        history = (*history, ChatTurn("user", questions[index % len(questions)]))
+        request = GenerationRequest(image, history, max_new_tokens, conversation_id=conversation_id)
+        answer, text = ask(service, request)
+        per_turn.append(answer)
+        history = (*history, ChatTurn("assistant", text))
+    total = time.perf_counter() - started
+    if conversation_id is not None:
+        service.forget_conversation(conversation_id)
+    follow_ups = per_turn[1:]
+    return {
+        "turns": turns,
+        "kv_reuse": reuse,
+        "total_s": total,
+        "first_turn_ttft_ms": per_turn[0].ttft_s * 1e3,
+        "follow_up_ttft_ms": _scaled(percentiles([a.ttft_s for a in follow_ups]), 1e3),
+        "follow_up_reused_tokens": [a.reused_tokens for a in follow_ups],
+    }
+
+
+def film_batch(service, images: list, users: int, report_tokens: int, progress) -> dict:
+    """A folder of films: image features (vision batches of 8), then one structured report each, then both."""
+    from assistant.report_schema import REPORT_PROMPT
+
+    started = time.perf_counter()
+    for index in range(0, len(images), 8):
+        service.image_features(images[index : index + 8])
+        progress()
+    features_s = time.perf_counter() - started
+
+    pending = list(images)
+    lock = threading.Lock()
+    tokens = [0]
+
+    def reporter() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                image = pending.pop()
+            request = GenerationRequest(image, (ChatTurn("user", REPORT_PROMPT),), report_tokens)
+            answer, _ = ask(service, request)
+            with lock:
+                tokens[0] += answer.tokens
+            progress()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=reporter, daemon=True) for _ in range(users)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    reports_s = time.perf_counter() - started
+    return {
+        "films": len(images),
+        "report_tokens": report_tokens,
+        "concurrent_reports": users,
+        "features_s": features_s,
+        "reports_s": reports_s,
+        "end_to_end_s": features_s + reports_s,
+        "films_per_s": len(images) / (features_s + reports_s),
+        "report_tokens_per_s": tokens[0] / reports_s,
+    }
+
+
+def _scaled(figures: dict, factor: float) -> dict:
+    return {key: (value * factor if key != "n" else value) for key, value in figures.items()}

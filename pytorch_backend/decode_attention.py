@@ -1,0 +1,230 @@
+"""Decode-step attention over a slotted static KV cache that reads only each sequence's filled part.
+
+Every sequence in a decode batch owns one slot of the cache (shape: slots x kv_heads x max_len x head_dim) and has
+its own length. A plain SDPA over the static cache would read max_len keys for every slot; this reads only
+[start, length) per sequence, where start = length - window for sliding layers.
+
+Two implementations of the same function:
+- `reference_decode_attention`: torch, one sequence at a time (CPU, and the GPU check's reference);
+- `triton_decode_attention`: a split-K flash-decoding kernel (the approach of vLLM's and SGLang's decode kernels):
+  grid (batch, kv head, split); the query heads that share a kv head are one tile, padded to 16 rows so tl.dot
+  runs on tensor cores; a second kernel merges the splits by log-sum-exp. Lengths are read on the device, so the
+  launch is capturable in a CUDA graph and needs no host sync.
+Both take float32 softmax statistics; q, k and v stay in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+BLOCK_N = 32  # keys per inner step
+BLOCK_H = 16  # query heads per tile (padded): tl.dot needs at least 16 rows
+
+
+def reference_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float) -> torch.Tensor:
+    """q: (batch, heads, dim); caches: (slots, kv_heads, max_len, dim); slots, lengths: (batch,) int64.
+
+    Returns (batch, heads, dim): softmax(q k^T * scale) v over keys [max(0, length - window), length) of each
+    sequence's slot (window 0: all of them)."""
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    out = torch.empty_like(q)
+    for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist(), strict=True)):
+        start = max(0, length - window) if window else 0
+        keys = k_cache[slot, :, start:length].float().repeat_interleave(group, dim=0)
+        values = v_cache[slot, :, start:length].float().repeat_interleave(group, dim=0)
+        scores = torch.einsum("hd,hnd->hn", q[row].float(), keys) * scale
+        out[row] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values).to(q.dtype)
+    return out
+
+
+def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8):
+    kernels = _kernels()
+    batch, heads, dim = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    if group > BLOCK_H:
+        raise ValueError(f"{group} query heads per kv head; the kernel tiles at most {BLOCK_H}")
+    partial = torch.empty((batch, heads, splits, dim), device=q.device, dtype=torch.float32)
+    lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
+    kernels.partial[(batch, kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        partial,
+        lse,
+        *q.stride(),
+        *k_cache.stride(),
+        *partial.stride(),
+        *lse.stride(),
+        scale,
+        window if window > 0 else 1 << 30,
+        group,
+        splits,
+        DIM=dim,
+        BLOCK_DIM=triton_next_power_of_2(dim),
+        BLOCK_N=BLOCK_N,
+        BLOCK_H=BLOCK_H,
+    )
+    out = torch.empty_like(q)
+    kernels.merge[(batch, heads)](
+        partial,
+        lse,
+        out,
+        *partial.stride(),
+        *lse.stride(),
+        *out.stride(),
+        splits,
+        DIM=dim,
+        BLOCK_DIM=triton_next_power_of_2(dim),
+        BLOCK_S=triton_next_power_of_2(splits),
+    )
+    return out
+
+
+def triton_next_power_of_2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+@functools.cache
+def _kernels():
+    """Compile on first use: importing this module must not need Triton (CPU hosts without it)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def partial_kernel(
+        q,
+        k_cache,
+        v_cache,
+        slots,
+        lengths,
+        partial,
+        lse,
+        q_b,
+        q_h,
+        q_d,
+        c_s,
+        c_h,
+        c_n,
+        c_d,
+        p_b,
+        p_h,
+        p_s,
+        p_d,
+        l_b,
+        l_h,
+        l_s,
+        scale,
+        window,
+        group,
+        splits,
+        DIM: tl.constexpr,
+        BLOCK_DIM: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        slot = tl.load(slots + b)
+        length = tl.load(lengths + b)
+        start = tl.maximum(length - window, 0)  # the wrapper passes a huge window for full attention
+        span = length - start
+        per_split = tl.cdiv(tl.cdiv(span, splits), BLOCK_N) * BLOCK_N
+        lo = start + split * per_split
+        hi = tl.minimum(lo + per_split, length)
+        rows = tl.arange(0, BLOCK_H)
+        dims = tl.arange(0, BLOCK_DIM)
+        head = kv_head * group + rows
+        row_ok = rows < group
+        dim_ok = dims < DIM
+        qt = tl.load(
+            q + b * q_b + head[:, None] * q_h + dims[None, :] * q_d, mask=row_ok[:, None] & dim_ok[None, :], other=0.0
+        )
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_DIM], tl.float32)
+        base = slot * c_s + kv_head * c_h
+        for block in range(lo, hi, BLOCK_N):
+            keys = block + tl.arange(0, BLOCK_N)
+            key_ok = keys < hi
+            offsets = base + keys[:, None] * c_n + dims[None, :] * c_d
+            kt = tl.load(k_cache + offsets, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            scores = tl.dot(qt, tl.trans(kt)) * scale
+            scores = tl.where(key_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            vt = tl.load(v_cache + offsets, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        has_keys = l_i > 0
+        out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+        tl.store(
+            partial + b * p_b + head[:, None] * p_h + split * p_s + dims[None, :] * p_d,
+            out,
+            mask=row_ok[:, None] & dim_ok[None, :],
+        )
+        tl.store(
+            lse + b * l_b + head * l_h + split * l_s,
+            tl.where(has_keys, m_i + tl.log(tl.where(has_keys, l_i, 1.0)), float("-inf")),
+            mask=row_ok,
+        )
+
+    @triton.jit
+    def merge_kernel(
+        partial,
+        lse,
+        out,
+        p_b,
+        p_h,
+        p_s,
+        p_d,
+        l_b,
+        l_h,
+        l_s,
+        o_b,
+        o_h,
+        o_d,
+        splits,
+        DIM: tl.constexpr,
+        BLOCK_DIM: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        b = tl.program_id(0)
+        head = tl.program_id(1)
+        s = tl.arange(0, BLOCK_S)
+        dims = tl.arange(0, BLOCK_DIM)
+        s_ok = s < splits
+        dim_ok = dims < DIM
+        lse_s = tl.load(lse + b * l_b + head * l_h + s * l_s, mask=s_ok, other=float("-inf"))
+        top = tl.max(lse_s, 0)
+        weights = tl.where(s_ok, tl.exp(lse_s - top), 0.0)
+        values = tl.load(
+            partial + b * p_b + head * p_h + s[:, None] * p_s + dims[None, :] * p_d,
+            mask=s_ok[:, None] & dim_ok[None, :],
+            other=0.0,
+        )
+        merged = tl.sum(values * weights[:, None], 0) / tl.sum(weights, 0)
+        tl.store(out + b * o_b + head * o_h + dims * o_d, merged.to(out.dtype.element_ty), mask=dim_ok)
+
+    class Kernels:
+        partial = partial_kernel
+        merge = merge_kernel
+
+    return Kernels
+
+
+def decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float) -> torch.Tensor:
+    """The Triton kernel on CUDA, the torch reference elsewhere."""
+    if q.is_cuda:
+        return triton_decode_attention(q, k_cache, v_cache, slots, lengths, window, scale)
+    return reference_decode_attention(q, k_cache, v_cache, slots, lengths, window, scale)

@@ -1,0 +1,179 @@
+"""The fast PyTorch path: a static slotted KV cache, batched decode steps captured as CUDA graphs, argmax and
+log-probabilities on the device, prefill in chunks, the vision tower compiled.
+
+Same model, weights and prompts as the eager reference (it subclasses it); only the KV state and the decoder loop
+differ. On CPU it runs the same code without compile or graphs, which is how CI checks it token for token against
+the eager path. bf16 on CUDA, never fp16.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from inference_api.contract import Prompt, TokenStep
+from inference_api.errors import NoFreeSlotError
+from pytorch_backend.eager import TorchInference
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class SlotState:
+    """One conversation's slot of the static cache."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+
+
+class FastTorchInference(TorchInference):
+    executor_name = "transformers-fast"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        device: str = "auto",
+        max_resident_conversations: int = 8,
+        slots: int = 16,
+        max_sequence: int = 4096,
+        compile: bool | None = None,
+        cuda_graphs: bool | None = None,
+        batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
+        prefill_chunk_tokens: int = 1024,
+        preloaded: tuple | None = None,
+    ) -> None:
+        super().__init__(model_path, device, max_resident_conversations, preloaded)
+        from pytorch_backend.static_decoder import StaticGemmaDecoder
+
+        on_cuda = self.device.type == "cuda"
+        self.use_compile = on_cuda if compile is None else compile
+        self.use_graphs = on_cuda if cuda_graphs is None else cuda_graphs
+        self.max_sequence = max_sequence
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.decoder = StaticGemmaDecoder(self.model, slots=slots, max_len=max_sequence)
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self.max_batch = max(b for b in batch_buckets if b <= slots) if slots >= 1 else 1
+        self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
+        self._step = self.decoder.decode
+        self._graphs = None
+        self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
+        self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
+        logger.info(
+            "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), compile=%s, CUDA graphs=%s",
+            slots,
+            max_sequence,
+            self.decoder.cache_bytes / 2**30,
+            self.use_compile,
+            self.use_graphs,
+        )
+
+    # --- KV state ---------------------------------------------------------------------------------------------
+    def _allocate_impl(self):
+        if not self._free_slots:
+            raise NoFreeSlotError(f"all {self.decoder.slots} KV slots are in use")
+        return SlotState(self._free_slots.pop())
+
+    def _truncate_impl(self, kv: SlotState, length: int) -> bool:
+        return True  # positions past `length` are simply overwritten by the next prefill
+
+    def _free_impl(self, kv: SlotState) -> None:
+        self._free_slots.append(kv.slot)
+
+    # --- model calls -------------------------------------------------------------------------------------------
+    def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
+        torch = self._torch
+        pixels = self.pixel_values([prompt.image for prompt in prompts])
+        # The compiled tower has one shape (a single film); batches run eagerly, so no shape ever recompiles at
+        # serving time.
+        vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
+        with torch.inference_mode():
+            features = vision(pixels)
+        features = getattr(features, "pooler_output", features)
+        for prompt, row in zip(prompts, features, strict=True):
+            prompt.features = row
+
+    def _prefill_impl(self, kv: SlotState, prompt: Prompt, start: int, end: int, want_token: bool):
+        logits = self._run_prompt(kv, prompt, start, end)
+        if not want_token:
+            return None
+        logprobs = self._torch.log_softmax(logits.float(), dim=-1)
+        best = logprobs.max(dim=-1)
+        return TokenStep(int(best.indices[0]), float(best.values[0]))
+
+    def _prompt_logits_impl(self, kv: SlotState, prompt: Prompt):
+        return self._run_prompt(kv, prompt, 0, len(prompt.ids))[0].float().cpu().numpy()
+
+    def _run_prompt(self, kv: SlotState, prompt: Prompt, start: int, end: int):
+        torch = self._torch
+        ids = torch.tensor(prompt.ids[:end], device=self.device)
+        is_image = ids == self.image_token_id
+        with torch.inference_mode():
+            chunk = ids[start:end]
+            embeds = self.decoder.embed(chunk)[None]  # the model's scaled embedding (x sqrt(hidden))
+            rows = is_image[start:end].nonzero().flatten()
+            if rows.numel():
+                first_image = int(is_image.nonzero()[0])
+                features = prompt.features.reshape(-1, prompt.features.shape[-1]).to(self.dtype)
+                embeds[0, rows] = features[start + rows - first_image]
+            blocks = _image_blocks(torch, is_image)
+            return self.decoder.prefill(kv.slot, embeds, start, blocks)
+
+    def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
+        torch = self._torch
+        slots = [kv.slot for kv in kvs]
+        with torch.inference_mode():
+            if self._graphs is not None:
+                ids, logprobs = self._graphs.run(tokens, positions, slots)
+            else:
+                as_tensor = lambda values: torch.tensor(values, device=self.device)  # noqa: E731
+                ids, logprobs = self._step(as_tensor(tokens), as_tensor(positions), as_tensor(slots))
+            ids, logprobs = ids.tolist(), logprobs.tolist()  # the one host sync per step
+        return [TokenStep(t, p) for t, p in zip(ids, logprobs, strict=True)]
+
+    # --- start-up: compile and capture before readiness ----------------------------------------------------------
+    def _warm_up_impl(self) -> None:
+        torch = self._torch
+        if self.use_compile:
+            # One compiled graph per layer type (and batch 1 vs any batch), reused by all 34 layers: the whole
+            # step compiled as one graph took over two minutes per batch shape on an H200 host.
+            decoder = self.decoder
+            decoder.layer_step = torch.compile(decoder.layer_step, dynamic=True)
+            decoder.sample = torch.compile(decoder.sample, dynamic=True)
+            self._vision_one = torch.compile(self.model.get_image_features)
+        started = time.perf_counter()
+        super()._warm_up_impl()  # one answer: compiles the vision tower and (without graphs) the step
+        self.startup["first_answer_s"] = round(time.perf_counter() - started, 2)
+        if self.use_graphs:
+            from pytorch_backend.cuda_graphs import DecodeGraphs
+
+            started = time.perf_counter()
+            self._graphs = DecodeGraphs(self._step, self.batch_buckets, self.decoder.dummy_slot, self.device)
+            self.startup["capture_s"] = round(time.perf_counter() - started, 2)
+            super()._warm_up_impl()
+        logger.info("fast path ready: %s", self.startup)
+
+    def _info_impl(self):
+        info = super()._info_impl()
+        info.details.update(
+            {
+                "slots": self.decoder.slots,
+                "max_sequence": self.max_sequence,
+                "compile": self.use_compile,
+                "cuda_graphs": self.use_graphs,
+                "batch_buckets": list(self.batch_buckets),
+                "startup": self.startup,
+            }
+        )
+        return info
+
+
+def _image_blocks(torch, is_image):
+    """-1 for text, 0, 1, ... for each run of image tokens (transformers' get_block_sequence_ids_for_mask)."""
+    previous = torch.nn.functional.pad(is_image, (1, 0))[:-1]
+    starts = is_image & ~previous
+    groups = torch.cumsum(starts.long(), dim=0) - 1
+    return torch.where(is_image, groups, torch.full_like(groups, -1))

@@ -1,0 +1,279 @@
+"""Gemma 3's text decoder over a slotted static KV cache: batched decode steps and chunked prefill.
+
+The math is transformers' Gemma3 (RMSNorm with (1 + w) in fp32, q/k norms, rotate-half RoPE with per-layer-type
+tables, GELU-tanh MLP, tied lm_head), written against the loaded model's own weights, so the eager model and this
+path share one copy of them (q/k/v and gate/up are fused into single matrices, and the model's modules are
+re-pointed at views of those). What differs is the state: every conversation owns one slot of one preallocated
+cache, so a decode step is one fixed-shape call for any mix of sequences: what a CUDA graph can capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from pytorch_backend.decode_attention import decode_attention
+
+# Prefill shapes differ for every prompt. cuDNN's attention builds a plan per new shape (the suspected cause of
+# 100 ms to 2 s first-token times on the H200, 2026-12-01), so prefill uses the memory-efficient kernel, or math.
+PREFILL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@torch.library.custom_op("medgemma::decode_attention", mutates_args=("k_cache", "v_cache"))
+def cached_decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    positions: torch.Tensor,
+    window: int,
+    scale: float,
+) -> torch.Tensor:
+    """Write each sequence's new key/value at its position, then attend over its filled part. One opaque op, so
+    torch.compile fuses everything around it and the kernel keeps its own launch."""
+    k_cache[slots, :, positions] = k
+    v_cache[slots, :, positions] = v
+    return decode_attention(q, k_cache, v_cache, slots, positions + 1, window, scale)
+
+
+@cached_decode_attention.register_fake
+def _(q, k, v, k_cache, v_cache, slots, positions, window, scale):
+    return torch.empty_like(q)
+
+
+@dataclass
+class LayerWeights:
+    qkv: torch.Tensor  # (heads*dim + 2*kv_heads*dim, hidden)
+    o: torch.Tensor
+    gate_up: torch.Tensor  # (2*intermediate, hidden)
+    down: torch.Tensor
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    pre_feedforward_norm: torch.Tensor
+    post_feedforward_norm: torch.Tensor
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    sliding: bool
+
+
+class StaticGemmaDecoder:
+    def __init__(self, model, slots: int, max_len: int) -> None:
+        text_model = model.model.language_model
+        config = model.config.get_text_config()
+        weight = next(model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.hidden = config.head_dim, config.hidden_size
+        self.intermediate = config.intermediate_size
+        self.eps = config.rms_norm_eps
+        self.scale = config.query_pre_attn_scalar**-0.5
+        self.window = config.sliding_window
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.slots, self.max_len = slots, max_len
+        self.dummy_slot = slots  # padding rows of a captured batch write here, never into a conversation
+        self.embed = text_model.embed_tokens
+        # As the model's embedding module: sqrt(hidden), rounded to the weights' dtype (transformers#29402).
+        self.embed_scale = text_model.embed_tokens.embed_scale.to(self.device, self.dtype)
+        self.final_norm = text_model.norm.weight
+        self.lm_head = model.lm_head.weight
+        self.layers = [self._fuse(layer, config.layer_types[index]) for index, layer in enumerate(text_model.layers)]
+        self.cos, self.sin = self._rope_tables(text_model.rotary_emb, sorted(set(config.layer_types)))
+        shape = (slots + 1, self.kv_heads, max_len, self.head_dim)
+        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k_cache, *self.v_cache))
+
+    # --- weights ----------------------------------------------------------------------------------------------
+    def _fuse(self, layer, layer_type: str) -> LayerWeights:
+        """One matrix for q/k/v and one for gate/up; the model's Linear modules become views of them."""
+        attention, mlp = layer.self_attn, layer.mlp
+        qkv = _fused([attention.q_proj, attention.k_proj, attention.v_proj])
+        gate_up = _fused([mlp.gate_proj, mlp.up_proj])
+        return LayerWeights(
+            qkv=qkv,
+            o=attention.o_proj.weight,
+            gate_up=gate_up,
+            down=mlp.down_proj.weight,
+            input_norm=layer.input_layernorm.weight,
+            post_attention_norm=layer.post_attention_layernorm.weight,
+            pre_feedforward_norm=layer.pre_feedforward_layernorm.weight,
+            post_feedforward_norm=layer.post_feedforward_layernorm.weight,
+            q_norm=attention.q_norm.weight,
+            k_norm=attention.k_norm.weight,
+            sliding=layer_type == "sliding_attention",
+        )
+
+    def _rope_tables(self, rotary, layer_types: list[str]) -> tuple[dict, dict]:
+        """cos/sin for every position, per layer type, exactly as the model's rotary module computes them."""
+        positions = torch.arange(self.max_len, device=self.device)[None]
+        probe = torch.empty(1, device=self.device, dtype=self.dtype)
+        cos, sin = {}, {}
+        with torch.no_grad():
+            for layer_type in layer_types:
+                c, s = rotary(probe, positions, layer_type)
+                cos[layer_type == "sliding_attention"], sin[layer_type == "sliding_attention"] = c[0], s[0]
+        return cos, sin
+
+    # --- the step -------------------------------------------------------------------------------------------------
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
+        """One token for each sequence: tokens, positions, slots are (batch,) int64 on the device.
+
+        Returns (next token ids (batch,) int64, their log-probabilities (batch,) float32), both on the device.
+        `layer_step` and `sample` may be replaced by compiled versions: each is one compiled graph reused by every
+        layer (per layer type), so compiling costs seconds, not minutes; a CUDA graph then captures the whole step."""
+        x = F.embedding(tokens, self.embed.weight) * self.embed_scale
+        for index, layer in enumerate(self.layers):
+            x = self.layer_step(
+                x,
+                layer.qkv,
+                layer.o,
+                layer.gate_up,
+                layer.down,
+                layer.input_norm,
+                layer.post_attention_norm,
+                layer.pre_feedforward_norm,
+                layer.post_feedforward_norm,
+                layer.q_norm,
+                layer.k_norm,
+                self.k_cache[index],
+                self.v_cache[index],
+                self.cos[layer.sliding],
+                self.sin[layer.sliding],
+                positions,
+                slots,
+                layer.sliding,
+            )
+        return self.sample(x)
+
+    def layer_step(
+        self,
+        x,
+        qkv,
+        o,
+        gate_up,
+        down,
+        input_norm,
+        post_attention_norm,
+        pre_feedforward_norm,
+        post_feedforward_norm,
+        q_norm,
+        k_norm,
+        k_cache,
+        v_cache,
+        cos_table,
+        sin_table,
+        positions,
+        slots,
+        sliding: bool,
+    ):
+        """One decoder layer for a batch of single tokens; tensors only (plus one bool), so one compiled graph
+        serves every layer of a type."""
+        heads, kv_heads, dim, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        batch = x.shape[0]
+        q, k, v = (_rms_norm(x, input_norm, eps) @ qkv.T).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
+        q = _rms_norm(q.view(batch, heads, dim), q_norm, eps)
+        k = _rms_norm(k.view(batch, kv_heads, dim), k_norm, eps)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        window = self.window if sliding else 0
+        attended = cached_decode_attention(
+            q, k, v.view(batch, kv_heads, dim), k_cache, v_cache, slots, positions, window, self.scale
+        )
+        x = x + _rms_norm(attended.reshape(batch, -1) @ o.T, post_attention_norm, eps)
+        h = _rms_norm(x, pre_feedforward_norm, eps)
+        gate, up = (h @ gate_up.T).split(self.intermediate, dim=-1)
+        return x + _rms_norm((F.gelu(gate, approximate="tanh") * up) @ down.T, post_feedforward_norm, eps)
+
+    def sample(self, x):
+        logprobs = torch.log_softmax(self._logits(x).float(), dim=-1)
+        best = logprobs.max(dim=-1)
+        return best.indices, best.values
+
+    def prefill(self, slot: int, embeds: torch.Tensor, start: int, blocks: torch.Tensor) -> torch.Tensor:
+        """Run embeds (1, n, hidden) at positions start..start+n-1 into `slot`; return the last position's logits.
+
+        blocks: (start+n,) image block id of every key (-1 for text): image tokens attend to their whole image."""
+        n = embeds.shape[1]
+        end = start + n
+        positions = torch.arange(start, end, device=self.device)
+        masks = {sliding: self._prefill_mask(positions, end, blocks, sliding) for sliding in (False, True)}
+        x = embeds.to(self.dtype)
+        for index, layer in enumerate(self.layers):
+            residual = x
+            h = _rms_norm(x, layer.input_norm, self.eps)
+            q, k, v = self._qkv(h[0], layer, positions, n, 1)  # (n, heads, 1, dim): one query per row
+            self.k_cache[index][slot, :, start:end] = k[:, :, 0].transpose(0, 1)
+            self.v_cache[index][slot, :, start:end] = v[:, :, 0].transpose(0, 1)
+            group = self.heads // self.kv_heads
+            keys = self.k_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
+            values = self.v_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
+            with sdpa_kernel(PREFILL_ATTENTION):
+                attended = F.scaled_dot_product_attention(
+                    q[:, :, 0].transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
+                )  # (1, heads, n, dim)
+            attended = attended[0].transpose(0, 1).reshape(1, n, -1)
+            x = residual + _rms_norm(attended @ layer.o.T, layer.post_attention_norm, self.eps)
+            x = x + self._mlp(x, layer)
+        return self._logits(x[:, -1])
+
+    def _prefill_mask(self, positions, end: int, blocks, sliding: bool) -> torch.Tensor:
+        keys = torch.arange(end, device=self.device)
+        allowed = keys[None, :] <= positions[:, None]
+        query_blocks = blocks[positions]
+        allowed |= (query_blocks[:, None] >= 0) & (query_blocks[:, None] == blocks[None, :end])
+        if sliding:
+            allowed &= keys[None, :] > positions[:, None] - self.window
+        return allowed[None, None]
+
+    def _qkv(self, h, layer: LayerWeights, positions, batch: int, length: int):
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        qkv = h @ layer.qkv.T
+        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q = _rms_norm(q.view(batch, heads, length, dim), layer.q_norm, self.eps)
+        k = _rms_norm(k.view(batch, kv_heads, length, dim), layer.k_norm, self.eps)
+        v = v.view(batch, kv_heads, length, dim)
+        cos = self.cos[layer.sliding][positions][:, None, None, :]
+        sin = self.sin[layer.sliding][positions][:, None, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _mlp(self, x, layer: LayerWeights):
+        h = _rms_norm(x, layer.pre_feedforward_norm, self.eps)
+        gate, up = (h @ layer.gate_up.T).split(self.intermediate, dim=-1)
+        return _rms_norm((F.gelu(gate, approximate="tanh") * up) @ layer.down.T, layer.post_feedforward_norm, self.eps)
+
+    def _logits(self, x):
+        logits = _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def _fused(linears) -> torch.Tensor:
+    fused = torch.cat([linear.weight.detach() for linear in linears], dim=0).contiguous()
+    offset = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = torch.nn.Parameter(fused[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return fused
+
+
+def _rms_norm(x, weight, eps: float):
+    """Gemma's RMSNorm: normalise in fp32, scale by (1 + w) in fp32, then cast (transformers#29402)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,119 @@
+"""Builds that cannot hurt what is already there: refused before any work, atomic, and honest about their films."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+
+import pytest
+
+from tests.conftest import run_optimizer
+
+pytestmark = pytest.mark.slow
+
+
+def snapshot(folder) -> dict[str, str]:
+    return {
+        path.relative_to(folder).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture()
+def previous_bundle(fp32_bundle, tmp_path):
+    out = tmp_path / "out" / "bundle"
+    shutil.copytree(fp32_bundle, out)
+    return out
+
+
+def build_args(demo_model_dir, films, out, *extra) -> list[str]:
+    return [
+        "--model_path",
+        str(demo_model_dir),
+        "--calib_images",
+        str(films),
+        "--output_path",
+        str(out),
+        "--target",
+        "none",
+        "--max_seq_len",
+        "1024",
+        "--max_batch",
+        "2",
+        *extra,
+    ]
+
+
+def test_an_existing_output_is_refused_without_overwrite(demo_model_dir, synthetic_films, previous_bundle):
+    before = snapshot(previous_bundle)
+    started = time.monotonic()
+    result = run_optimizer(*build_args(demo_model_dir, synthetic_films, previous_bundle, "--allow_few_films"))
+    assert result.returncode == 2 and "already exists. Pass --overwrite" in result.stderr
+    assert time.monotonic() - started < 30 and "[1/4]" not in result.stderr  # refused before the export
+    assert snapshot(previous_bundle) == before
+
+
+def test_a_failed_build_leaves_the_previous_bundle_byte_identical(demo_model_dir, synthetic_films, previous_bundle):
+    before = snapshot(previous_bundle)
+    result = run_optimizer(
+        *build_args(
+            demo_model_dir,
+            synthetic_films,
+            previous_bundle,
+            "--allow_few_films",
+            "--overwrite",
+            "--precision",
+            "int8",
+            "--min_cosine",
+            "0.9999999",
+        )
+    )
+    assert result.returncode == 1
+    assert "precision regression: image embedding cosine" in result.stderr and "left as it was" in result.stderr
+    assert snapshot(previous_bundle) == before
+    assert [p.name for p in previous_bundle.parent.iterdir()] == ["bundle"]  # no staging folder left behind
+
+
+def test_too_few_real_films_are_refused_and_unreadable_ones_named(demo_model_dir, synthetic_films, tmp_path):
+    films = tmp_path / "films"
+    shutil.copytree(synthetic_films, films)
+    (films / "broken_film.dcm").write_bytes(b"\0" * 128 + b"DICM" + b"not a dataset")
+    result = run_optimizer(*build_args(demo_model_dir, films, tmp_path / "out"))
+    assert result.returncode == 2
+    assert "0 real films (+12 synthetic) for calibration; the minimum is 50" in result.stderr
+    assert "--allow_few_films" in result.stderr
+    assert "skipped broken_film.dcm:" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--max_seq_len", "100", "--max_seq_len 100 is out of range: one film takes 256 tokens"),
+        ("--max_batch", "0", "--max_batch 0 is out of range"),
+    ],
+)
+def test_shapes_are_checked_before_any_work(demo_model_dir, synthetic_films, tmp_path, flag, value, message):
+    args = build_args(demo_model_dir, synthetic_films, tmp_path / "out", "--allow_few_films")
+    args[args.index(flag) + 1] = value
+    started = time.monotonic()
+    result = run_optimizer(*args)
+    assert result.returncode == 2 and message in result.stderr
+    assert time.monotonic() - started < 30 and not (tmp_path / "out").exists()
+
+
+def test_publish_swaps_a_bundle_whole(tmp_path):
+    from engine_build.staging import make_staging_dir, publish
+
+    out = tmp_path / "bundle"
+    out.mkdir()
+    (out / "old.plan").write_text("old")
+    staging = make_staging_dir(out)
+    (staging / "new.plan").write_text("new")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        publish(staging, out, overwrite=False)
+    publish(staging, out, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["bundle"] and [p.name for p in out.iterdir()] == ["new.plan"]
+    assert out.stat().st_mode & 0o777 == 0o755 or out.stat().st_mode & 0o005  # readable by a service's user

@@ -1,0 +1,133 @@
+"""The batching scheduler with real threads on the demo model's fast path (CPU, fp32): answers join and leave the
+running batch mid-decode and still get exactly their unbatched tokens; cancellation frees the slot; a full queue
+is refused at once; an evicted conversation is re-prefilled and answers the same."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from devtools.phantoms import chest_phantom, png_bytes, quantize
+from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from serving.scheduler import Scheduler, SchedulerBusyError
+from xray_io import load_radiograph
+from xray_io.preprocess import model_input_image
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def backend(demo_model_dir):
+    from pytorch_backend.fast import FastTorchInference
+
+    model = FastTorchInference(demo_model_dir, device="cpu", slots=3, max_sequence=1024, max_resident_conversations=1)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def films():
+    return [
+        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png")) for s in range(3)
+    ]
+
+
+def unbatched(backend, request) -> list[int]:
+    stats = GenerationStats()
+    backend.generate(request, stats)
+    return stats.token_ids
+
+
+def collect(ticket) -> str:
+    return "".join(ticket.deltas(60, 60))
+
+
+def test_answers_join_and_leave_mid_decode_with_their_unbatched_tokens(backend, films):
+    long = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=40)
+    short = GenerationRequest(films[1], (ChatTurn("user", "Is the heart enlarged?"),), max_new_tokens=6)
+    expected_long, expected_short = unbatched(backend, long), unbatched(backend, short)
+    scheduler = Scheduler(backend, max_active=3, max_waiting=8)
+    try:
+        long_stats, short_stats = GenerationStats(), GenerationStats()
+        first = scheduler.submit(long, long_stats)
+        deltas = first.deltas(60, 60)
+        next(deltas)  # the long answer is decoding
+        second = scheduler.submit(short, short_stats)  # joins the running batch at the next turn
+        collect(second)
+        assert not first.finished_at, "the short answer left the batch while the long one was still running"
+        "".join(deltas)
+        assert long_stats.token_ids == expected_long and short_stats.token_ids == expected_short
+        assert second.admitted_at > first.admitted_at and second.finished_at < first.finished_at
+    finally:
+        scheduler.close(10)
+
+
+def test_a_cancelled_answer_frees_its_slot_at_the_next_turn(backend, films):
+    scheduler = Scheduler(backend, max_active=3, max_waiting=8)
+    try:
+        request = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=500)
+        stats = GenerationStats()
+        ticket = scheduler.submit(request, stats)
+        deltas = ticket.deltas(60, 60)
+        next(deltas)
+        ticket.cancel()  # the browser tab closed
+        "".join(deltas)
+        assert stats.finish_reason == "cancelled" and stats.new_tokens < 500
+        deadline = time.monotonic() + 10
+        while len(backend._free_slots) != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(backend._free_slots) == 3
+    finally:
+        scheduler.close(10)
+
+
+def test_a_full_queue_is_refused_at_once(backend, films):
+    scheduler = Scheduler(backend, max_active=1, max_waiting=1)
+    try:
+        request = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=30)
+        running = scheduler.submit(request)
+        next(running.deltas(60, 60))  # admitted and decoding
+        waiting = scheduler.submit(request)
+        started = time.monotonic()
+        with pytest.raises(SchedulerBusyError):
+            scheduler.submit(request)
+        assert time.monotonic() - started < 0.5
+        for ticket in (running, waiting):
+            collect(ticket)
+    finally:
+        scheduler.close(10)
+
+
+def test_concurrent_conversations_beyond_the_resident_limit_answer_the_same(backend, films):
+    """Three users, one resident conversation: follow-ups of evicted conversations are re-prefilled."""
+    scheduler = Scheduler(backend, max_active=3, max_waiting=8)
+    results, errors = {}, []
+
+    def user(index: int) -> None:
+        try:
+            film = films[index]
+            first = GenerationRequest(film, (ChatTurn("user", "Findings?"),), 6, conversation_id=f"user-{index}")
+            answer = collect(scheduler.submit(first))
+            turns = (*first.turns, ChatTurn("assistant", answer), ChatTurn("user", "And the heart?"))
+            stats = GenerationStats()
+            collect(scheduler.submit(GenerationRequest(film, turns, 6, conversation_id=f"user-{index}"), stats))
+            results[index] = (turns, stats)
+        except Exception as exc:  # counted: the test fails on any
+            errors.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=user, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        scheduler.close(10)
+    assert errors == [] and len(results) == 3
+    for index, (turns, stats) in results.items():
+        assert stats.token_ids == unbatched(backend, GenerationRequest(films[index], turns, 6))
+    assert len(backend.resident_conversations) <= 1
+    for index in range(3):
+        backend.forget(f"user-{index}")

@@ -1,0 +1,116 @@
+"""Serving refuses a bundle that is not proven: a failed or missing accuracy gate, an edited manifest, or any file
+that is not the one the build hashed. Every refusal names the file and the rebuild command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+
+import pytest
+
+from engine_bundle.integrity import BundleRefusedError
+from serving.control_cli import format_status
+
+pytestmark = pytest.mark.slow
+REBUILD = "Rebuild it: python optimize_trt_engine.py"
+
+
+def open_bundle(bundle):
+    from trt_inference.trt_model import TRTInference
+
+    return TRTInference(bundle, executor="onnxruntime-cpu")
+
+
+@pytest.fixture()
+def bundle(int8_bundle, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(int8_bundle, copy)
+    return copy
+
+
+def edit_manifest(bundle, change) -> None:
+    path = bundle / "manifest.json"
+    manifest = json.loads(path.read_text())
+    change(manifest)
+    path.write_text(json.dumps(manifest))
+
+
+def test_an_intact_bundle_serves_and_says_what_its_accuracy_was_measured_on(bundle):
+    backend = open_bundle(bundle)
+    details = backend.info().details
+    assert details["accuracy"]["passed"] is True and details["accuracy"]["executor"] == "onnxruntime-cpu"
+    assert details["accuracy_measured_on"].startswith("the bundle's ONNX graphs in ONNX Runtime on the CPU")
+    status = {
+        "uptime_s": 1,
+        "url": "http://127.0.0.1:1",
+        "ready": True,
+        "mode": "trt",
+        "trt_engine": "Loaded",
+        "backend": asdict(backend.info()),
+        "last_switch": None,
+        "queue_depth": 0,
+        "breaker": {"state": "closed", "consecutive_failures": 0, "threshold": 5, "trips": 0},
+        "requests": {"requests": 0, "errors": 0},
+        "latency": {"p50_s": None, "p99_s": None},
+        "requests_waiting": 0,
+        "requests_running": 0,
+    }
+    assert "Engine accuracy measured on: the bundle's ONNX graphs in ONNX Runtime" in format_status(status, 1)
+    backend.close()
+
+
+def test_a_failed_accuracy_gate_is_refused(bundle):
+    edit_manifest(bundle, lambda m: m["accuracy"].update(passed=False, failures=["token agreement 0.170 < 0.9"]))
+    with pytest.raises(BundleRefusedError) as error:
+        open_bundle(bundle)
+    message = str(error.value)
+    assert "failed its accuracy check against PyTorch (token agreement 0.170 < 0.9" in message
+    assert "must not answer questions" in message and REBUILD in message and "--overwrite" in message
+
+
+def test_a_bundle_without_an_accuracy_record_is_refused(bundle):
+    edit_manifest(bundle, lambda m: m.pop("accuracy"))
+    with pytest.raises(BundleRefusedError, match="has no accuracy record"):
+        open_bundle(bundle)
+
+
+def test_an_edited_manifest_is_refused(bundle):
+    edit_manifest(bundle, lambda m: m["model"].update(weights_sha256="0" * 64))
+    with pytest.raises(BundleRefusedError, match="was changed after the build sealed it") as error:
+        open_bundle(bundle)
+    assert REBUILD in str(error.value)
+
+
+def test_a_changed_plan_is_refused_naming_it(bundle):
+    plan = bundle / "engines" / "decoder.plan"
+    data = bytearray(plan.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one byte different
+    plan.write_bytes(bytes(data))
+    with pytest.raises(BundleRefusedError, match=r"engines/decoder.plan changed since the build") as error:
+        open_bundle(bundle)
+    assert REBUILD in str(error.value)
+
+
+def test_a_changed_or_truncated_onnx_graph_is_refused_naming_it(bundle):
+    graph = bundle / "onnx" / "int8" / "decoder.onnx"
+    data = graph.read_bytes()
+    graph.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BundleRefusedError, match=r"onnx/int8/decoder.onnx has \d+ bytes, the build recorded"):
+        open_bundle(bundle)
+    graph.write_bytes(data[:-4] + b"\x00\x00\x00\x00")
+    with pytest.raises(BundleRefusedError, match=r"onnx/int8/decoder.onnx changed since the build"):
+        open_bundle(bundle)
+
+
+def test_a_missing_tokenizer_is_refused_naming_it(bundle):
+    (bundle / "tokenizer.json").unlink()
+    with pytest.raises(BundleRefusedError, match=r"tokenizer.json is missing \(the manifest records it\)") as error:
+        open_bundle(bundle)
+    assert REBUILD in str(error.value)
+
+
+def test_a_bundle_from_before_file_hashes_is_refused(bundle):
+    edit_manifest(bundle, lambda m: m.pop("integrity"))
+    with pytest.raises(BundleRefusedError, match="records no file hashes"):
+        open_bundle(bundle)
