@@ -91,16 +91,16 @@ class ConversationTokeniser:
 
 
 def film_image(labels_seed: int, rng: np.random.Generator):
-    """The PIL image the server would hand the processor for this phantom, 8-bit as from a PNG, or min-max
-    stretched as the DICOM path does (half the time)."""
+    """The PIL image the server would hand the processor for this phantom, 8-bit as from a PNG, or a 16-bit film
+    min-max stretched as the DICOM path does (half the time)."""
     from devtools.labelled_phantoms import labelled_phantom
     from devtools.phantoms import quantize
     from xray_io import Radiograph
     from xray_io.preprocess import model_input_image
-    from xray_io.radiograph import stretch_to_uint8
+    from xray_io.radiograph import to_display_uint8
 
     phantom = labelled_phantom(labels_seed)
-    pixels = stretch_to_uint8(phantom.film) if rng.random() < 0.5 else quantize(phantom.film, 8)
+    pixels = to_display_uint8(quantize(phantom.film, 16)) if rng.random() < 0.5 else quantize(phantom.film, 8)
     return model_input_image(Radiograph(pixels, "synthetic phantom")), phantom.labels
 
 
@@ -115,30 +115,97 @@ def film_conversations(labels: PhantomLabels, rng: np.random.Generator) -> list[
     return [teaching.question_answer_pairs(labels, rng), chosen]
 
 
-class TeachingData:
-    """Deterministic batches: step s of data seed d always gives the same films and conversations."""
+@dataclass
+class PooledFilm:
+    """One training film as the model sees it, and the conversations it is taught with (one list per variant)."""
 
-    def __init__(self, processor, data_seed: int, films_per_step: int) -> None:
+    pixels: np.ndarray  # uint8 (896, 896): the processor's output mapped back to 8 bits (grey, so one channel)
+    labels: PhantomLabels
+    variants: list[list[TokenisedConversation]]
+
+
+_WORKER_TOKENISER: ConversationTokeniser | None = None
+
+
+def _init_worker(processor) -> None:
+    global _WORKER_TOKENISER
+    _WORKER_TOKENISER = ConversationTokeniser(processor)
+
+
+def pooled_film(seed: int, variants: int, tokeniser: ConversationTokeniser | None = None) -> PooledFilm:
+    """Draw, preprocess and tokenise one film: a pure function of its seed (so the pool is the same for any
+    number of workers)."""
+    tokeniser = tokeniser or _WORKER_TOKENISER
+    rng = np.random.default_rng([seed, 7])
+    image, labels = film_image(seed, rng)
+    values = tokeniser.processor.image_processor(images=[image], return_tensors="np")["pixel_values"][0, 0]
+    pixels = np.clip(np.rint((values * 0.5 + 0.5) * 255.0), 0, 255).astype(np.uint8)  # mean 0.5, std 0.5
+    conversations = [[tokeniser.conversation(turns) for turns in film_conversations(labels, rng)] for _ in range(variants)]
+    return PooledFilm(pixels, labels, conversations)
+
+
+def _pooled_film_task(task: tuple[int, int]) -> PooledFilm:
+    return pooled_film(*task)
+
+
+class TeachingData:
+    """A fixed pool of training films (seeds from TRAIN_SEED_BASE + data_seed * 1e8), drawn and tokenised once, in
+    parallel; an epoch visits every film once in an order drawn from (data_seed, epoch), and epoch e teaches film i
+    with its variant e % variants. Step s of data seed d therefore always gives the same films and conversations,
+    and a GPU spends its time training rather than drawing phantoms."""
+
+    def __init__(
+        self, processor, data_seed: int, films_per_step: int, pool_films: int = 64, variants: int = 4, workers: int = 1
+    ) -> None:
         self.processor = processor
         self.tokeniser = ConversationTokeniser(processor)
         self.data_seed = data_seed
         self.films_per_step = films_per_step
+        self.variants = variants
+        if pool_films < films_per_step:
+            raise ValueError(f"pool_films ({pool_films}) must be at least films_per_step ({films_per_step})")
+        tasks = [(self.film_seed(index), variants) for index in range(pool_films)]
+        if workers > 1:
+            import multiprocessing
 
-    def film_seed(self, step: int, slot: int) -> int:
-        return TRAIN_SEED_BASE + (self.data_seed * 100_000_000) + step * self.films_per_step + slot
+            context = multiprocessing.get_context("fork")  # the workers inherit the processor, nothing to pickle
+            with context.Pool(workers, initializer=_init_worker, initargs=(processor,)) as pool:
+                self.films = pool.map(_pooled_film_task, tasks, chunksize=8)
+        else:
+            self.films = [pooled_film(seed, count, self.tokeniser) for seed, count in tasks]
+        self._pixels = None
 
-    def batch(self, step: int) -> Batch:
-        rng = np.random.default_rng([self.data_seed, step])
-        images, sequences, image_index, film_labels = [], [], [], []
-        for slot in range(self.films_per_step):
-            image, labels = film_image(self.film_seed(step, slot), rng)
-            images.append(image)
-            film_labels.append(labels)
-            for turns in film_conversations(labels, rng):
-                sequences.append(self.tokeniser.conversation(turns))
+    def film_seed(self, index: int) -> int:
+        return TRAIN_SEED_BASE + self.data_seed * 100_000_000 + index
+
+    def pixels_on(self, device: str):
+        """The whole pool's films as one uint8 tensor on `device` (896 x 896 bytes a film)."""
+        import torch
+
+        if self._pixels is None or str(self._pixels.device) != str(torch.device(device)):
+            self._pixels = torch.from_numpy(np.stack([film.pixels for film in self.films])).to(device)
+        return self._pixels
+
+    def film_indices(self, step: int) -> tuple[list[int], int]:
+        per_epoch = len(self.films) // self.films_per_step
+        epoch, position = divmod(step, per_epoch)
+        order = np.random.default_rng([self.data_seed, epoch]).permutation(len(self.films))
+        start = position * self.films_per_step
+        return [int(i) for i in order[start : start + self.films_per_step]], epoch
+
+    def batch(self, step: int, device: str = "cpu") -> Batch:
+        import torch
+
+        indices, epoch = self.film_indices(step)
+        sequences, image_index = [], []
+        for slot, index in enumerate(indices):
+            for conversation in self.films[index].variants[epoch % self.variants]:
+                sequences.append(conversation)
                 image_index.append(slot)
-        batch = collate(self.processor, images, sequences, image_index, self.tokeniser.image_token_id)
-        batch.film_labels = film_labels
+        grey = self.pixels_on(device)[torch.tensor(indices, device=device)].float() / 255.0
+        pixel_values = ((grey - 0.5) / 0.5).unsqueeze(1).expand(-1, 3, -1, -1)
+        batch = collate(self.processor, pixel_values, sequences, image_index, self.tokeniser.image_token_id)
+        batch.film_labels = [self.films[index].labels for index in indices]
         return batch
 
 
@@ -154,7 +221,7 @@ def collate(processor, images, sequences: list[TokenisedConversation], image_ind
         input_ids[row, : len(sequence.input_ids)] = torch.tensor(sequence.input_ids)
         labels[row, : len(sequence.labels)] = torch.tensor(sequence.labels)
         attention_mask[row, : len(sequence.input_ids)] = 1
-    pixel_values = processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    pixel_values = images if hasattr(images, "shape") else processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
     return Batch(
         pixel_values=pixel_values,
         input_ids=input_ids,

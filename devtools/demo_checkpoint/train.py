@@ -44,23 +44,23 @@ RECORD_FILE = "training_record.json"
 # As small as still learns, so the CPU demo stays responsive. The vision tower keeps MedGemma's geometry (896 px,
 # patch 14: 4096 patches pooled to 256 image tokens); one layer is enough for the phantoms' findings.
 TEXT_CONFIG = dict(
-    hidden_size=128,
-    intermediate_size=384,
-    num_hidden_layers=2,
+    hidden_size=192,
+    intermediate_size=576,
+    num_hidden_layers=4,
     num_attention_heads=4,
     num_key_value_heads=2,
-    head_dim=32,
-    query_pre_attn_scalar=32,  # = head_dim, as in MedGemma (256 and 256); the default 256 would flatten attention
+    head_dim=48,
+    query_pre_attn_scalar=48,  # = head_dim, as in MedGemma (256 and 256); the default 256 would flatten attention
     sliding_window=512,
-    layer_types=["sliding_attention", "full_attention"],
+    layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     max_position_embeddings=8192,
     rope_scaling={"rope_type": "linear", "factor": 8.0},
 )
 VISION_CONFIG = dict(
-    hidden_size=32,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=1,
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=2,
     image_size=896,
     patch_size=14,
     vision_use_head=False,
@@ -72,7 +72,11 @@ def configure_determinism(seed: int, threads: int, device: str) -> None:
 
     if device.startswith("cuda"):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for deterministic matmuls
-    torch.use_deterministic_algorithms(True)
+        # A few CUDA backward kernels (scatter-adds) have no deterministic variant: warn rather than stop, and the
+        # record says a CUDA run is repeatable only up to them.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
 
@@ -107,7 +111,7 @@ def answer_loss(model, batch, device):
     return -(F.log_softmax(logits, dim=-1) * one_hot).sum(dim=-1).mean(), features
 
 
-def first_token_accuracy(model, processor, phantoms, device) -> dict:
+def first_token_accuracy(model, processor, phantoms, device, readout=None) -> dict:
     """Held-out accuracy of the answer's first word (Yes/No) to each finding's canonical question, teacher-forced:
     a cheap figure to watch during training (the final figures come from real generation)."""
     import torch
@@ -118,6 +122,7 @@ def first_token_accuracy(model, processor, phantoms, device) -> dict:
     tokeniser = ConversationTokeniser(processor)
     yes, no = (processor.tokenizer.convert_tokens_to_ids(word) for word in ("Yes", "No"))
     hits = dict.fromkeys(FINDINGS, 0)
+    readout_hits = dict.fromkeys(FINDINGS, 0)
     model.eval()
     with torch.no_grad():
         for phantom in phantoms:
@@ -126,14 +131,21 @@ def first_token_accuracy(model, processor, phantoms, device) -> dict:
                 ids = tokeniser.ids([(FINDING_QUESTIONS[finding][0], None)], add_generation_prompt=True)
                 sequences.append(TokenisedConversation(ids, [IGNORE_INDEX] * len(ids)))
             batch = collate(processor, [phantom.image], sequences, [0] * len(sequences), tokeniser.image_token_id)
-            hidden, _ = hidden_states(model, batch, device)
+            hidden, features = hidden_states(model, batch, device)
+            if readout is not None:
+                scores = readout(features[:1])[0, 0]  # the attention-pooled read-out of this film
+                for index, finding in enumerate(FINDINGS):
+                    readout_hits[finding] += int(bool(scores[index] > 0) == phantom.labels.present(finding))
             last = (batch.attention_mask.sum(dim=1) - 1).to(device)
             logits = model.lm_head(hidden[torch.arange(len(sequences), device=device), last])
             for row, finding in enumerate(FINDINGS):
                 said_yes = bool(logits[row, yes] > logits[row, no])
                 hits[finding] += int(said_yes == phantom.labels.present(finding))
     model.train()
-    return {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
+    accuracy = {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
+    if readout is not None:
+        accuracy["readout"] = {finding: readout_hits[finding] / len(phantoms) for finding in FINDINGS}
+    return accuracy
 
 
 def designed_patch_filters(hidden_size: int, patch_size: int, generator):
@@ -256,6 +268,10 @@ def train(args: argparse.Namespace) -> dict:
     for word in ("Yes", "No"):
         if tokenizer.convert_tokens_to_ids(word) == tokenizer.unk_token_id:
             raise RuntimeError(f"the tokenizer has no single token for {word!r}; the accuracy probe needs one")
+    # Drawn before the model reaches the GPU: the pool's workers are forked from this process.
+    data = TeachingData(processor, args.seed, args.films_per_step, args.pool_films, args.variants, args.workers)
+    logger.info("film pool: %d films x %d variants ready (%.0f s)", len(data.films), args.variants,
+                time.perf_counter() - started)  # fmt: skip
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
     model = build_model(config, seed=args.seed)
     prepare_for_training(model, args.seed)
@@ -269,14 +285,18 @@ def train(args: argparse.Namespace) -> dict:
          {"params": list(readout.parameters()), "peak": args.readout_lr}],
         lr=args.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0,
     )  # fmt: skip
-    data = TeachingData(processor, args.seed, args.films_per_step)
     probe = held_out_phantoms(args.probe_phantoms, start_seed=args.probe_start)
     curve, probes = [], []
     window = []
+    stopped_early = None
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.steps, args.warmup, group["peak"])
-        batch = data.batch(step)
+        if args.max_train_s and time.perf_counter() - started > args.max_train_s:
+            stopped_early = step
+            logger.warning("stopping at step %d: past --max_train_s %.0f", step, args.max_train_s)
+            break
+        batch = data.batch(step, args.device)
         loss, features = answer_loss(model, batch, args.device)
         auxiliary = aux_loss(readout, features, batch.film_labels)
         optimizer.zero_grad(set_to_none=True)
@@ -292,11 +312,12 @@ def train(args: argparse.Namespace) -> dict:
             logger.info("step %d/%d loss %.4f aux %.4f (%.0f s)", step + 1, args.steps, curve[-1]["loss"],
                         curve[-1]["aux_loss"], curve[-1]["elapsed_s"])  # fmt: skip
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
-            accuracy = first_token_accuracy(model, processor, probe, args.device)
-            probes.append({"step": step + 1, "first_token_accuracy": accuracy,
+            accuracy = first_token_accuracy(model, processor, probe, args.device, readout)
+            read = accuracy.pop("readout")
+            probes.append({"step": step + 1, "first_token_accuracy": accuracy, "readout_accuracy": read,
                            "mean": sum(accuracy.values()) / len(accuracy)})  # fmt: skip
-            logger.info("step %d held-out first-token accuracy %.3f %s", step + 1, probes[-1]["mean"],
-                        {k: round(v, 2) for k, v in accuracy.items()})  # fmt: skip
+            logger.info("step %d held-out first-token accuracy %.3f %s; read-out %s", step + 1, probes[-1]["mean"],
+                        {k: round(v, 2) for k, v in accuracy.items()}, {k: round(v, 2) for k, v in read.items()})  # fmt: skip
     return {
         "model": model.eval(),
         "processor": processor,
@@ -304,6 +325,7 @@ def train(args: argparse.Namespace) -> dict:
         "curve": curve,
         "probes": probes,
         "train_s": time.perf_counter() - started,
+        "stopped_early_at_step": stopped_early,
     }
 
 
@@ -348,8 +370,10 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
         "data": {
             "generator": "devtools.labelled_phantoms.labelled_phantom + devtools.demo_checkpoint.teaching",
             "data_seed": args.seed,
-            "films_seen": args.steps * args.films_per_step,
-            "film_seeds": "TRAIN_SEED_BASE + seed * 1e8 + step * films_per_step + slot (held-out seeds are < 1e6)",
+            "pool_films": args.pool_films,
+            "conversation_variants": args.variants,
+            "film_visits": args.steps * args.films_per_step,
+            "film_seeds": "TRAIN_SEED_BASE + seed * 1e8 + index, index < pool_films (held-out seeds are < 1e6)",
         },
         "model_config": {
             "text": TEXT_CONFIG,
@@ -358,6 +382,7 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
             "parameters": sum(p.numel() for p in result["model"].parameters()),
         },  # fmt: skip
         "steps": args.steps,
+        "stopped_early_at_step": result["stopped_early_at_step"],
         "loss_curve": result["curve"],
         "held_out_first_token_accuracy": result["probes"],
         "hardware": hardware(args.device),
@@ -377,6 +402,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--films_per_step", type=int, default=8)
+    parser.add_argument("--pool_films", type=int, default=64, help="training films, drawn once (seeds from 1e6 up)")
+    parser.add_argument("--variants", type=int, default=4, help="conversation variants per film (one per epoch)")
+    parser.add_argument("--workers", type=int, default=1, help="processes that draw the pool (same pool for any)")
+    parser.add_argument("--max_train_s", type=float, default=0, help="stop training past this many seconds (0: off)")
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of the language model")
     parser.add_argument("--vision_lr", type=float, default=5e-3, help="peak learning rate of vision + projector")
     parser.add_argument("--warmup", type=int, default=40)
