@@ -173,7 +173,7 @@ class TeachingData:
                 self.films = pool.map(_pooled_film_task, tasks, chunksize=8)
         else:
             self.films = [pooled_film(seed, count, self.tokeniser) for seed, count in tasks]
-        self._pixels = None
+        self._pixels, self._pixels_device = None, None
 
     def film_seed(self, index: int) -> int:
         return TRAIN_SEED_BASE + self.data_seed * 100_000_000 + index
@@ -182,8 +182,11 @@ class TeachingData:
         """The whole pool's films as one uint8 tensor on `device` (896 x 896 bytes a film)."""
         import torch
 
-        if self._pixels is None or str(self._pixels.device) != str(torch.device(device)):
+        # Keyed by the name asked for: a tensor's own device reads "cuda:0" when "cuda" was asked, and comparing
+        # the two re-sent the whole pool every step (3 s a step on the H200 for 8000 films).
+        if self._pixels is None or self._pixels_device != device:
             self._pixels = torch.from_numpy(np.stack([film.pixels for film in self.films])).to(device)
+            self._pixels_device = device
         return self._pixels
 
     def film_indices(self, step: int) -> tuple[list[int], int]:
