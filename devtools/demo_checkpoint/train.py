@@ -396,9 +396,34 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
     (args.output / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
+def add_evaluation(args: argparse.Namespace, argv: list[str]) -> int:
+    """Held-out figures for a checkpoint trained elsewhere (the H200): real generation on this CPU, written into its
+    record with the command that produced them."""
+    from devtools.phantom_eval import format_table
+
+    record_path = args.output / RECORD_FILE
+    record = json.loads(record_path.read_text())
+    evaluation = evaluate(args)
+    record["held_out_eval"] = {k: v for k, v in evaluation.items() if k != "answers"}
+    record["held_out_eval"]["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
+    record["held_out_eval"]["sample_answers"] = evaluation["answers"][:16]
+    record["held_out_eval"]["command"] = "python -m devtools.demo_checkpoint.train " + " ".join(
+        shlex.quote(a) for a in argv
+    )
+    record["held_out_eval"]["hardware"] = hardware("cpu")
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    print(format_table({"pytorch": evaluation}))
+    return 0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="checkpoint folder (created)")
+    parser.add_argument(
+        "--evaluate_only",
+        action="store_true",
+        help="do not train: evaluate the checkpoint in --output on CPU and add the figures to its training record",
+    )
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--films_per_step", type=int, default=8)
@@ -427,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.evaluate_only:
+        return add_evaluation(args, argv)
     started = time.perf_counter()
     result = train(args)
     save(result, args, argv)
