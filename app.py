@@ -36,9 +36,8 @@ def badge_markdown(service) -> str:
     if breaker.state == "open":
         text += f"\n\n⚠️ **TensorRT disabled by the circuit breaker** ({breaker.last_failure}); serving on PyTorch."
     if info.is_demo:
-        text += (
-            "\n\n⚠️ **Demo model with random weights: its answers mean nothing.** Set MODEL_PATH to a local MedGemma."
-        )
+        notice = info.demo_notice or "Demo model: not a medical model."
+        text += f"\n\n⚠️ **{notice}** Set MODEL_PATH to a local MedGemma for real films."
     return text
 
 

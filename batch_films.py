@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the {args.mode} backend did not load: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 2
         if backend.info().is_demo:
-            logging.warning("demo model with random weights: its reports, answers and features mean nothing")
+            logging.warning("demo model: %s", backend.info().demo_notice)
     scheduler, run_requests = None, None
     if backend is not None and not args.one_by_one:
         from assistant.batch.requests import scheduled_requests

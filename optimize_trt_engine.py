@@ -90,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         model_path = args.model_path
         if model_path is None:
-            from devtools.demo_checkpoint.build import ensure_demo_checkpoint
+            from devtools.demo_checkpoint.install import install_trained_checkpoint
             from serving.settings import DEMO_MODEL_DIR
 
-            model_path = ensure_demo_checkpoint(DEMO_MODEL_DIR)
-            logger.warning("no --model_path: building from the demo checkpoint (random weights)")
+            model_path = install_trained_checkpoint(DEMO_MODEL_DIR)
+            logger.warning(
+                "no --model_path: building from the demo checkpoint (synthetic phantoms, not a medical model)"
+            )
         options = BuildOptions(
             model_path=model_path,
             calib_images=args.calib_images,

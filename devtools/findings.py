@@ -146,10 +146,16 @@ class PhantomLabels:
         if version != LABELS_VERSION:
             raise ValueError(f"phantom labels version {version!r}; this code reads version {LABELS_VERSION}")
         kinds = {
-            "heart": Heart, "technique": Technique, "effusion": Effusion, "pneumothorax": Pneumothorax,
-            "nodule": LungOpacity, "consolidation": Consolidation, "endotracheal_tube": EndotrachealTube,
-            "central_line": CentralLine, "pacemaker": Pacemaker,
-        }  # fmt: skip
+            "heart": Heart,
+            "technique": Technique,
+            "effusion": Effusion,
+            "pneumothorax": Pneumothorax,
+            "nodule": LungOpacity,
+            "consolidation": Consolidation,
+            "endotracheal_tube": EndotrachealTube,
+            "central_line": CentralLine,
+            "pacemaker": Pacemaker,
+        }
         values = {}
         for spec in fields(cls):
             value = record.get(spec.name)

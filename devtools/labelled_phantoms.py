@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devtools.findings import PhantomLabels, sample_labels
+from devtools.findings import FINDINGS, PhantomLabels, sample_labels
 
 FILM_HEIGHT_CM = 40.0
 LUNG_CX = {"right": 0.30, "left": 0.70}
@@ -215,8 +215,13 @@ def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks
         lobes = [(cy, cx, radius)]
         if labels.nodule.kind == "mass":  # lobulated outline
             for angle in rng.uniform(0, 2 * math.pi, size=2):
-                lobes.append((cy + 0.5 * radius * math.sin(angle) / canvas.rows,
-                              cx + 0.5 * radius * math.cos(angle) / canvas.cols, 0.7 * radius))  # fmt: skip
+                lobes.append(
+                    (
+                        cy + 0.5 * radius * math.sin(angle) / canvas.rows,
+                        cx + 0.5 * radius * math.cos(angle) / canvas.cols,
+                        0.7 * radius,
+                    )
+                )
         thickness = np.zeros_like(film)
         for ly, lx, lr in lobes:
             d = canvas.distance_px(ly, lx)
@@ -312,3 +317,23 @@ def read_labels(film_path: Path) -> PhantomLabels:
     if not sidecar.is_file():
         raise FileNotFoundError(f"{film_path}: no sidecar {sidecar.name}; films from write_labelled_set have one")
     return PhantomLabels.from_json(sidecar.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write labelled phantoms for a demo or a test set: films plus sidecar label files, all marked SYNTHETIC."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--output", type=Path, required=True, help="folder to write into (created)")
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--start_seed", type=int, default=0, help="seeds below 1,000,000 are never used in training")
+    args = parser.parse_args(argv)
+    for path in write_labelled_set(args.output, args.count, start_seed=args.start_seed):
+        labels = read_labels(path)
+        found = [name for name in FINDINGS if labels.present(name)]
+        print(f"{path}: {', '.join(found) or 'no finding'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -203,6 +203,7 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
             "model": {
                 "id": checkpoint.model_id,
                 "is_demo": checkpoint.is_demo,
+                "demo_notice": checkpoint.demo_notice,
                 "weights_sha256": weights_sha256(options.model_path),
                 "source_path": str(Path(options.model_path).resolve()),
             },

@@ -87,6 +87,7 @@ class BackendInfo:
     model_id: str
     is_demo: bool
     details: dict[str, Any] = field(default_factory=dict)
+    demo_notice: str | None = None  # the demo checkpoint's own words on what it is (shown in the UI's badge)
 
     @property
     def mode_label(self) -> str:

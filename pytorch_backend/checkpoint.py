@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEMO_MARKER = "demo_checkpoint.json"
+DEFAULT_DEMO_NOTICE = "Demo model: not a medical model. Not for clinical use."
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,7 @@ class CheckpointDescription:
     path: Path
     model_id: str
     is_demo: bool
+    demo_notice: str | None = None  # what the demo model is, from its marker; None for a real checkpoint
 
 
 class CheckpointError(ValueError):
@@ -37,7 +39,9 @@ def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
         )
     marker = model_dir / DEMO_MARKER
     if marker.is_file():
-        return CheckpointDescription(model_dir, json.loads(marker.read_text())["model_id"], True)
+        description = json.loads(marker.read_text())
+        notice = description.get("warning") or DEFAULT_DEMO_NOTICE
+        return CheckpointDescription(model_dir, description["model_id"], True, notice)
     model_id = config.get("_name_or_path") or model_dir.name
     return CheckpointDescription(model_dir, str(model_id), False)
 

@@ -157,6 +157,7 @@ class TorchInference(InferenceBackend):
             executor=self.executor_name,
             model_id=self.checkpoint.model_id,
             is_demo=self.checkpoint.is_demo,
+            demo_notice=self.checkpoint.demo_notice,
             details={"model_path": str(self.model_path), "load_s": round(self.load_s, 2)},
         )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with pinned requirements and generate the demo checkpoint. --dev adds test tools and chromium.
+# Create .venv with pinned requirements and install the committed demo checkpoint. --dev adds test tools and chromium.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -30,4 +30,4 @@ if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v systemd-ana
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || echo "warning: systemd not installed" >&2
 fi
 
-"${VENV_PYTHON}" -m devtools.demo_checkpoint.build --output models/medgemma-demo
+"${VENV_PYTHON}" -m devtools.demo_checkpoint.install --output models/medgemma-demo

@@ -50,7 +50,8 @@ def format_status(status: dict, pid: int | None) -> str:
         f"TRT Engine: {status['trt_engine']}",
         f"Executor: {backend.get('executor', 'n/a')}",
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
-        f"Model: {backend.get('model_id', 'n/a')}" + ("  [DEMO: random weights]" if backend.get("is_demo") else ""),
+        f"Model: {backend.get('model_id', 'n/a')}"
+        + ("  [DEMO: not a medical model]" if backend.get("is_demo") else ""),
         f"Device: {backend.get('device', 'n/a')}",
     ]
     measured_on = (backend.get("details") or {}).get("accuracy_measured_on")

@@ -47,9 +47,9 @@ ISOLATED_VARIABLES = (
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    from devtools.demo_checkpoint.build import ensure_demo_checkpoint
+    from devtools.demo_checkpoint.install import install_trained_checkpoint
 
-    return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
+    return install_trained_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
-"""The page in headless Chromium (Debian's, driven by Playwright): upload a film, ask, watch the answer stream, see
-its confidence, write a structured report and download its JSON export."""
+"""The page in headless Chromium (Debian's, driven by Playwright): upload a labelled phantom with a known finding,
+ask about it, watch the answer stream, see its confidence, write a structured report and download its JSON export."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from assistant.report_schema import REPORT_FIELDS
-from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+from devtools.labelled_phantoms import labelled_phantom
+from devtools.phantoms import dicom_bytes, quantize
 from tests.conftest import ARTIFACTS
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,10 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
     playwright_api = pytest.importorskip("playwright.sync_api")
     if not shutil.which("chromium"):
         pytest.fail("Debian's chromium is not installed; run scripts/setup_env.sh --dev (apt-get install chromium)")
+    phantom = labelled_phantom(0)  # held out from training: a moderate right effusion, a left pneumothorax, a mass
+    assert phantom.labels.effusion.side == "right" and phantom.labels.effusion.size == "moderate"
     film = tmp_path / "chest.dcm"
-    film.write_bytes(dicom_bytes(quantize(chest_phantom(seed=2), 12), bits_stored=12, window=(2048, 4096)))
+    film.write_bytes(dicom_bytes(quantize(phantom.film, 12), bits_stored=12, window=(2048, 4096)))
     ARTIFACTS.mkdir(exist_ok=True)
 
     with playwright_api.sync_playwright() as playwright:
@@ -50,7 +53,7 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(demo_server.url, wait_until="load")
         page.wait_for_selector("#model-badge :text('Mode:')", timeout=60_000)
-        assert "Demo model with random weights" in page.inner_text("#model-badge")
+        assert "Trained on synthetic phantoms only; not a medical model" in page.inner_text("#model-badge")
         assert "not for diagnosis" in page.content()
 
         page.set_input_files("#film-upload input[type=file]", str(film))
@@ -59,7 +62,7 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
         page.wait_for_selector("#film-preview img", timeout=30_000)
 
         page.evaluate(COUNT_CHAT_MUTATIONS)
-        page.fill("#question textarea", "What are the main findings?")
+        page.fill("#question textarea", "Is there a pleural effusion?")
         page.click("#ask")
         bot = page.locator("#chat .bot").last
         bot.wait_for(timeout=60_000)
@@ -84,7 +87,7 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
         page.screenshot(path=str(ARTIFACTS / "browser_report.png"), full_page=True)
         browser.close()
 
-    assert len(answer) > 20
+    assert answer.startswith("Yes") and "right pleural effusion" in answer, answer  # what the film shows
     assert mutations > 3, f"expected the answer to arrive in several updates, saw {mutations} DOM changes"
     assert re.search(r"confidence \d+%", answer) and "not the probability that the answer is right" in answer
     assert "Findings" in report and "Impression" in report and "Confidence" in report

@@ -78,7 +78,7 @@ class TRTInference(InferenceBackend):
             manifest["precision"],
             self.executor.name,
             time.perf_counter() - started,
-            " -- DEMO MODEL WITH RANDOM WEIGHTS: answers mean nothing" if manifest["model"].get("is_demo") else "",
+            " -- DEMO MODEL: not a medical model" if manifest["model"].get("is_demo") else "",
         )
 
     def _open_executor(self, choice: str, sequence_slots: int):
@@ -194,6 +194,8 @@ class TRTInference(InferenceBackend):
             executor=self.executor.name,
             model_id=manifest["model"]["id"],
             is_demo=bool(manifest["model"].get("is_demo")),
+            demo_notice=manifest["model"].get("demo_notice")
+            or ("Demo model: not a medical model." if manifest["model"].get("is_demo") else None),
             details={
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],

@@ -140,7 +140,9 @@ def pooled_film(seed: int, variants: int, tokeniser: ConversationTokeniser | Non
     image, labels = film_image(seed, rng)
     values = tokeniser.processor.image_processor(images=[image], return_tensors="np")["pixel_values"][0, 0]
     pixels = np.clip(np.rint((values * 0.5 + 0.5) * 255.0), 0, 255).astype(np.uint8)  # mean 0.5, std 0.5
-    conversations = [[tokeniser.conversation(turns) for turns in film_conversations(labels, rng)] for _ in range(variants)]
+    conversations = [
+        [tokeniser.conversation(turns) for turns in film_conversations(labels, rng)] for _ in range(variants)
+    ]
     return PooledFilm(pixels, labels, conversations)
 
 
@@ -224,7 +226,11 @@ def collate(processor, images, sequences: list[TokenisedConversation], image_ind
         input_ids[row, : len(sequence.input_ids)] = torch.tensor(sequence.input_ids)
         labels[row, : len(sequence.labels)] = torch.tensor(sequence.labels)
         attention_mask[row, : len(sequence.input_ids)] = 1
-    pixel_values = images if hasattr(images, "shape") else processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    pixel_values = (
+        images
+        if hasattr(images, "shape")
+        else processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    )
     return Batch(
         pixel_values=pixel_values,
         input_ids=input_ids,

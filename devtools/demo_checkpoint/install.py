@@ -43,7 +43,13 @@ def install_trained_checkpoint(output_dir: Path, source: Path = TRAINED_CHECKPOI
         staging.rename(output_dir)
         shutil.rmtree(retired, ignore_errors=True)
     else:
-        staging.rename(output_dir)
+        try:
+            staging.rename(output_dir)
+        except OSError:  # another process (a parallel test worker) installed it first
+            shutil.rmtree(staging, ignore_errors=True)
+            if weights_sha256(output_dir) != weights_sha256(source):
+                raise
+            return output_dir
     logger.info("installed the trained demo checkpoint into %s", output_dir)
     return output_dir
 

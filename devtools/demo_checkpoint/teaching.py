@@ -12,23 +12,55 @@ from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
 from devtools.findings import FINDINGS, PhantomLabels
 
 FINDING_QUESTIONS: dict[str, tuple[str, ...]] = {
-    "pleural_effusion": ("Is there a pleural effusion?", "Any pleural effusion?", "Are the costophrenic angles blunted?",
-                         "Do you see fluid in the pleural space?"),
-    "cardiomegaly": ("Is the heart enlarged?", "Is there cardiomegaly?", "Is the cardiac silhouette enlarged?",
-                     "Is the heart big?"),
-    "pneumothorax": ("Is there a pneumothorax?", "Any pneumothorax?", "Is there a visible pleural line?",
-                     "Is the lung collapsed?"),
-    "nodule_or_mass": ("Is there a lung nodule or mass?", "Any nodule?", "Is there a mass?",
-                       "Do you see a focal round opacity?"),
-    "consolidation": ("Is there consolidation?", "Any consolidation?", "Is there pneumonia?",
-                      "Is there an airspace opacity?"),
-    "endotracheal_tube": ("Is there an endotracheal tube?", "Is the patient intubated?", "Where is the ET tube?",
-                          "Is there a breathing tube?"),
-    "central_line": ("Is there a central venous line?", "Is there a central line?", "Where is the central line tip?",
-                     "Is there a venous catheter?"),
-    "pacemaker": ("Is there a pacemaker?", "Any cardiac device?", "Is there a pacing device?",
-                  "Is there a pacemaker generator?"),
-}  # fmt: skip
+    "pleural_effusion": (
+        "Is there a pleural effusion?",
+        "Any pleural effusion?",
+        "Are the costophrenic angles blunted?",
+        "Do you see fluid in the pleural space?",
+    ),
+    "cardiomegaly": (
+        "Is the heart enlarged?",
+        "Is there cardiomegaly?",
+        "Is the cardiac silhouette enlarged?",
+        "Is the heart big?",
+    ),
+    "pneumothorax": (
+        "Is there a pneumothorax?",
+        "Any pneumothorax?",
+        "Is there a visible pleural line?",
+        "Is the lung collapsed?",
+    ),
+    "nodule_or_mass": (
+        "Is there a lung nodule or mass?",
+        "Any nodule?",
+        "Is there a mass?",
+        "Do you see a focal round opacity?",
+    ),
+    "consolidation": (
+        "Is there consolidation?",
+        "Any consolidation?",
+        "Is there pneumonia?",
+        "Is there an airspace opacity?",
+    ),
+    "endotracheal_tube": (
+        "Is there an endotracheal tube?",
+        "Is the patient intubated?",
+        "Where is the ET tube?",
+        "Is there a breathing tube?",
+    ),
+    "central_line": (
+        "Is there a central venous line?",
+        "Is there a central line?",
+        "Where is the central line tip?",
+        "Is there a venous catheter?",
+    ),
+    "pacemaker": (
+        "Is there a pacemaker?",
+        "Any cardiac device?",
+        "Is there a pacing device?",
+        "Is there a pacemaker generator?",
+    ),
+}
 TECHNIQUE_QUESTIONS = (
     "Is this film technically adequate (rotation, inspiration, penetration)?",
     "Comment on the technique.",
@@ -36,14 +68,23 @@ TECHNIQUE_QUESTIONS = (
     "Is the inspiration adequate?",
 )
 # The UI's example questions and the report's section prompts (assistant.case), so the demo answers them too.
-MAIN_FINDINGS_QUESTIONS = ("What are the main findings on this chest X-ray?", "What are the main findings?",
-                           "Describe the findings.", "What do you see?")  # fmt: skip
+MAIN_FINDINGS_QUESTIONS = (
+    "What are the main findings on this chest X-ray?",
+    "What are the main findings?",
+    "Describe the findings.",
+    "What do you see?",
+)
 PLEURA_QUESTIONS = ("Is there a pneumothorax or pleural effusion?", "Describe the pleura.")
 HEART_QUESTIONS = ("Describe the heart size and the mediastinum.", "Describe the heart.")
-DEVICE_QUESTIONS = ("Are there any lines, tubes or devices? Where do they terminate?", "Any lines or tubes?",
-                    "List the lines and devices.")  # fmt: skip
-DIFFERENTIAL_QUESTIONS = ("What is the differential diagnosis for the most prominent abnormality?",
-                          "What is the differential diagnosis?")  # fmt: skip
+DEVICE_QUESTIONS = (
+    "Are there any lines, tubes or devices? Where do they terminate?",
+    "Any lines or tubes?",
+    "List the lines and devices.",
+)
+DIFFERENTIAL_QUESTIONS = (
+    "What is the differential diagnosis for the most prominent abnormality?",
+    "What is the differential diagnosis?",
+)
 FINDINGS_SECTION_PROMPT = (
     "Describe the findings on this chest X-ray systematically: lungs, pleura, heart, mediastinum, "
     "bones and devices. Be concise."
@@ -58,8 +99,11 @@ _DIFFERENTIALS = {
     "nodule": "a granuloma, a primary lung cancer, or a metastasis",
     "cardiomegaly": "cardiomyopathy, valve disease, or a pericardial effusion",
 }
-_LINE_TIP = {"superior vena cava": "in the superior vena cava", "cavoatrial junction": "at the cavoatrial junction",
-             "right atrium": "in the right atrium"}  # fmt: skip
+_LINE_TIP = {
+    "superior vena cava": "in the superior vena cava",
+    "cavoatrial junction": "at the cavoatrial junction",
+    "right atrium": "in the right atrium",
+}
 
 
 def _ratio(labels: PhantomLabels) -> str:
@@ -127,19 +171,26 @@ def finding_answer(finding: str, labels: PhantomLabels) -> str:
             return f"Yes, the heart is enlarged: cardiothoracic ratio about {_ratio(labels)}."
         return f"No, the heart size is normal: cardiothoracic ratio about {_ratio(labels)}."
     positive = {
-        "pleural_effusion": effusion_phrase, "pneumothorax": pneumothorax_phrase, "nodule_or_mass": nodule_phrase,
-        "consolidation": consolidation_phrase, "endotracheal_tube": tube_phrase,
-        "central_line": central_line_phrase, "pacemaker": pacemaker_phrase,
-    }  # fmt: skip
+        "pleural_effusion": effusion_phrase,
+        "pneumothorax": pneumothorax_phrase,
+        "nodule_or_mass": nodule_phrase,
+        "consolidation": consolidation_phrase,
+        "endotracheal_tube": tube_phrase,
+        "central_line": central_line_phrase,
+        "pacemaker": pacemaker_phrase,
+    }
     phrase = positive[finding](labels)
     if phrase is not None:
         return f"Yes, {phrase}."
     negative = {
-        "pleural_effusion": "No pleural effusion.", "pneumothorax": "No pneumothorax.",
-        "nodule_or_mass": "No lung nodule or mass.", "consolidation": "No consolidation.",
-        "endotracheal_tube": "No endotracheal tube.", "central_line": "No central venous line.",
+        "pleural_effusion": "No pleural effusion.",
+        "pneumothorax": "No pneumothorax.",
+        "nodule_or_mass": "No lung nodule or mass.",
+        "consolidation": "No consolidation.",
+        "endotracheal_tube": "No endotracheal tube.",
+        "central_line": "No central venous line.",
         "pacemaker": "No pacemaker.",
-    }  # fmt: skip
+    }
     return negative[finding]
 
 
@@ -181,8 +232,16 @@ def devices_text(labels: PhantomLabels) -> str:
 
 
 def impression_text(labels: PhantomLabels) -> str:
-    phrases = [p for p in (pneumothorax_phrase(labels), effusion_phrase(labels), consolidation_phrase(labels),
-                           nodule_phrase(labels)) if p]  # fmt: skip
+    phrases = [
+        p
+        for p in (
+            pneumothorax_phrase(labels),
+            effusion_phrase(labels),
+            consolidation_phrase(labels),
+            nodule_phrase(labels),
+        )
+        if p
+    ]
     if labels.heart.enlarged:
         phrases.append("cardiomegaly")
     if not phrases:
@@ -231,8 +290,15 @@ def differential_text(labels: PhantomLabels) -> str:
 
 
 def findings_section_text(labels: PhantomLabels) -> str:
-    return " ".join([lungs_text(labels), pleura_text(labels), heart_text(labels), "No acute bone abnormality.",
-                     "Devices: " + devices_text(labels)])  # fmt: skip
+    return " ".join(
+        [
+            lungs_text(labels),
+            pleura_text(labels),
+            heart_text(labels),
+            "No acute bone abnormality.",
+            "Devices: " + devices_text(labels),
+        ]
+    )
 
 
 def question_answer_pairs(labels: PhantomLabels, rng: np.random.Generator) -> list[tuple[str, str]]:

@@ -230,8 +230,13 @@ def learning_rate(step: int, steps: int, warmup: int, peak: float) -> float:
 def hardware(device: str) -> dict:
     import torch
 
-    info = {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "device": device}  # fmt: skip
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
     try:
         import transformers
 
@@ -270,8 +275,12 @@ def train(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"the tokenizer has no single token for {word!r}; the accuracy probe needs one")
     # Drawn before the model reaches the GPU: the pool's workers are forked from this process.
     data = TeachingData(processor, args.seed, args.films_per_step, args.pool_films, args.variants, args.workers)
-    logger.info("film pool: %d films x %d variants ready (%.0f s)", len(data.films), args.variants,
-                time.perf_counter() - started)  # fmt: skip
+    logger.info(
+        "film pool: %d films x %d variants ready (%.0f s)",
+        len(data.films),
+        args.variants,
+        time.perf_counter() - started,
+    )
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
     model = build_model(config, seed=args.seed)
     prepare_for_training(model, args.seed)
@@ -281,10 +290,16 @@ def train(args: argparse.Namespace) -> dict:
     vision_ids = {id(p) for p in vision}
     text = [p for p in model.parameters() if id(p) not in vision_ids]
     optimizer = torch.optim.AdamW(
-        [{"params": text, "peak": args.lr}, {"params": vision, "peak": args.vision_lr},
-         {"params": list(readout.parameters()), "peak": args.readout_lr}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0,
-    )  # fmt: skip
+        [
+            {"params": text, "peak": args.lr},
+            {"params": vision, "peak": args.vision_lr},
+            {"params": list(readout.parameters()), "peak": args.readout_lr},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+        weight_decay=0.0,
+    )
     probe = held_out_phantoms(args.probe_phantoms, start_seed=args.probe_start)
     curve, probes = [], []
     window = []
@@ -305,19 +320,41 @@ def train(args: argparse.Namespace) -> dict:
         optimizer.step()
         window.append((float(loss.detach()), float(auxiliary.detach())))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
-            curve.append({"step": step + 1, "loss": sum(w[0] for w in window) / len(window),
-                          "aux_loss": sum(w[1] for w in window) / len(window),
-                          "elapsed_s": round(time.perf_counter() - started, 1)})  # fmt: skip
+            curve.append(
+                {
+                    "step": step + 1,
+                    "loss": sum(w[0] for w in window) / len(window),
+                    "aux_loss": sum(w[1] for w in window) / len(window),
+                    "elapsed_s": round(time.perf_counter() - started, 1),
+                }
+            )
             window = []
-            logger.info("step %d/%d loss %.4f aux %.4f (%.0f s)", step + 1, args.steps, curve[-1]["loss"],
-                        curve[-1]["aux_loss"], curve[-1]["elapsed_s"])  # fmt: skip
+            logger.info(
+                "step %d/%d loss %.4f aux %.4f (%.0f s)",
+                step + 1,
+                args.steps,
+                curve[-1]["loss"],
+                curve[-1]["aux_loss"],
+                curve[-1]["elapsed_s"],
+            )
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
             accuracy = first_token_accuracy(model, processor, probe, args.device, readout)
             read = accuracy.pop("readout")
-            probes.append({"step": step + 1, "first_token_accuracy": accuracy, "readout_accuracy": read,
-                           "mean": sum(accuracy.values()) / len(accuracy)})  # fmt: skip
-            logger.info("step %d held-out first-token accuracy %.3f %s; read-out %s", step + 1, probes[-1]["mean"],
-                        {k: round(v, 2) for k, v in accuracy.items()}, {k: round(v, 2) for k, v in read.items()})  # fmt: skip
+            probes.append(
+                {
+                    "step": step + 1,
+                    "first_token_accuracy": accuracy,
+                    "readout_accuracy": read,
+                    "mean": sum(accuracy.values()) / len(accuracy),
+                }
+            )
+            logger.info(
+                "step %d held-out first-token accuracy %.3f %s; read-out %s",
+                step + 1,
+                probes[-1]["mean"],
+                {k: round(v, 2) for k, v in accuracy.items()},
+                {k: round(v, 2) for k, v in read.items()},
+            )
     return {
         "model": model.eval(),
         "processor": processor,
@@ -380,7 +417,7 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
             "vision": VISION_CONFIG,
             "vocab_size": result["config"].text_config.vocab_size,
             "parameters": sum(p.numel() for p in result["model"].parameters()),
-        },  # fmt: skip
+        },
         "steps": args.steps,
         "stopped_early_at_step": result["stopped_early_at_step"],
         "loss_curve": result["curve"],

@@ -68,8 +68,16 @@ def answers_for(f1_target: dict[str, list[tuple[bool, bool | None]]], confidence
     rows = []
     for finding, pairs in f1_target.items():
         for index, (truth, predicted) in enumerate(pairs):
-            rows.append({"phantom": f"p{index}", "finding": finding, "truth": truth, "predicted": predicted,
-                         "correct": predicted == truth, "confidence": confidence})  # fmt: skip
+            rows.append(
+                {
+                    "phantom": f"p{index}",
+                    "finding": finding,
+                    "truth": truth,
+                    "predicted": predicted,
+                    "correct": predicted == truth,
+                    "confidence": confidence,
+                }
+            )
     return rows
 
 

@@ -56,8 +56,11 @@ def test_training_pairs_ask_each_finding_once_and_include_the_report_prompt():
     rng = np.random.default_rng(0)
     labels = LABELS[0]
     pairs = teaching.question_answer_pairs(labels, rng)
-    asked = [next(f for f, qs in teaching.FINDING_QUESTIONS.items() if q in qs) for q, _ in pairs[:] if q not in
-             teaching.TECHNIQUE_QUESTIONS]  # fmt: skip
+    asked = [
+        next(f for f, qs in teaching.FINDING_QUESTIONS.items() if q in qs)
+        for q, _ in pairs[:]
+        if q not in teaching.TECHNIQUE_QUESTIONS
+    ]
     assert sorted(asked) == sorted(FINDINGS)
     assert teaching.overview_pairs(labels, rng)[0] == (REPORT_PROMPT, teaching.structured_report(labels))
     canonical = [questions[0] for questions in teaching.FINDING_QUESTIONS.values()]

@@ -19,7 +19,7 @@ def test_shared_image_loss_equals_the_models_own_forward_loss():
     processor = build_processor(build_tokenizer(tokenizer_corpus(50), vocab_size=512))
     model = build_model(build_config(len(processor.tokenizer), train.TEXT_CONFIG, train.VISION_CONFIG))
     train.prepare_for_training(model, 0)
-    data = TeachingData(processor, data_seed=0, films_per_step=1)
+    data = TeachingData(processor, data_seed=0, films_per_step=1, pool_films=1, variants=1)
     batch = data.batch(0)
     loss, _ = train.answer_loss(model, batch, "cpu")
     own = []
@@ -43,14 +43,40 @@ def test_shared_image_loss_equals_the_models_own_forward_loss():
     assert prompt[-len(header) :] == header
 
 
-TINY = ["--steps", "2", "--films_per_step", "1", "--vocab_size", "512", "--warmup", "1", "--log_every", "1"]
+TINY = [
+    "--steps",
+    "2",
+    "--films_per_step",
+    "1",
+    "--pool_films",
+    "2",
+    "--variants",
+    "1",
+    "--vocab_size",
+    "512",
+    "--warmup",
+    "1",
+    "--log_every",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
-    first = ["--output", str(root / "a"), "--seed", "4", *TINY, "--probe_every", "1", "--probe_phantoms", "1",
-             "--eval_phantoms", "1"]  # fmt: skip
+    first = [
+        "--output",
+        str(root / "a"),
+        "--seed",
+        "4",
+        *TINY,
+        "--probe_every",
+        "1",
+        "--probe_phantoms",
+        "1",
+        "--eval_phantoms",
+        "1",
+    ]
     second = ["--output", str(root / "b"), "--seed", "4", *TINY, "--probe_every", "0", "--eval_phantoms", "0"]
     assert train.main(first) == 0 and train.main(second) == 0
     return root / "a", root / "b"

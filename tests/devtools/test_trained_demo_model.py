@@ -47,7 +47,9 @@ def test_demo_model_answers_is_there_a_pleural_effusion_on_held_out_phantoms(bac
     assert 0 < sum(truths) < len(truths)  # both answers are needed to pass
     correct = 0
     for phantom, truth in zip(phantoms, truths, strict=True):
-        request = GenerationRequest(phantom.image, (ChatTurn("user", "Is there a pleural effusion?"),), max_new_tokens=40)
+        request = GenerationRequest(
+            phantom.image, (ChatTurn("user", "Is there a pleural effusion?"),), max_new_tokens=40
+        )
         correct += parse_yes_no(backend.generate(request)) is truth
     assert correct >= 8, f"{correct}/10 held-out phantoms answered correctly"
 

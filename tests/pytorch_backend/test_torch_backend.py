@@ -31,7 +31,8 @@ def image():
 def test_info_says_demo_fp32_cpu(backend):
     info = backend.info()
     assert (info.mode, info.precision, info.device, info.executor) == ("pytorch", "fp32", "cpu", "transformers")
-    assert info.is_demo and "random weights" in info.model_id
+    assert info.is_demo and "not a medical model" in info.model_id
+    assert info.demo_notice.startswith("Trained on synthetic phantoms only; not a medical model")
 
 
 def test_stream_is_incremental_and_matches_one_shot(backend, image):
