@@ -52,6 +52,15 @@ def demo_model_dir() -> Path:
     return install_trained_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
 
 
+@pytest.fixture(scope="session")
+def random_model_dir() -> Path:
+    """The random-weight demo checkpoint, for tests of serving mechanics that need answers that run to
+    max_new_tokens (its stop tokens never win, so every answer is full length); the trained demo stops early."""
+    from devtools.demo_checkpoint.build import ensure_demo_checkpoint
+
+    return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-random")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -20,12 +20,13 @@ TIMEOUT_S = 4  # the demo decodes about 290 tokens/s here: 2048 need 7 s
 
 
 @pytest.fixture(scope="module")
-def busy_server(tmp_path_factory, demo_model_dir):
+def busy_server(tmp_path_factory, random_model_dir):
     env = {
         "GENERATION_CONCURRENCY": "1",
         "QUEUE_SIZE": "1",
         "REQUEST_TIMEOUT_S": str(TIMEOUT_S),
         "MAX_NEW_TOKENS": "2048",
+        "MODEL_PATH": str(random_model_dir),  # answers that run to the limit: the trained demo stops early
     }
     server = start_server(tmp_path_factory.mktemp("busy"), env=env)
     yield server

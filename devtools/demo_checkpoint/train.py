@@ -491,6 +491,23 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.evaluate_only:
         return add_evaluation(args, argv)
+    import torch
+
+    # Determinism is process-wide (and makes torch fill new tensors with NaN): give it back as it was, so a caller
+    # in the same process (the tests) is not left running under it.
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_num_threads(),
+    )
+    try:
+        return _train_and_save(args, argv)
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.set_num_threads(previous[2])
+
+
+def _train_and_save(args: argparse.Namespace, argv: list[str]) -> int:
     started = time.perf_counter()
     result = train(args)
     save(result, args, argv)

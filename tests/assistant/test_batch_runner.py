@@ -29,8 +29,8 @@ class SchedulerFault(Exception):
 
 
 @pytest.fixture(scope="module")
-def backend(demo_model_dir):
-    model = FlakyVision(demo_model_dir, device="cpu")
+def backend(random_model_dir):
+    model = FlakyVision(random_model_dir, device="cpu")
     yield model
     model.close()
 
@@ -107,7 +107,7 @@ def test_qa_needs_questions_and_a_resume_refuses_other_questions(tmp_path, backe
         run_batch(BatchPlan(films, tmp_path / "out", ("qa",), questions=("Two?",)), backend, progress=False)
 
 
-def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, demo_model_dir):
+def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, random_model_dir):
     """The runner's batched path (serving's scheduler, all of a chunk's requests in flight) against the reference
     path (one request after another): greedy decoding, so the same text; confidence within 1e-5."""
     from pytorch_backend.eager import TorchInference
@@ -117,7 +117,7 @@ def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, demo_m
     films.mkdir()
     for seed in range(3):
         (films / f"f{seed}.png").write_bytes(png_bytes(quantize(chest_phantom(256, 224, seed=seed), 8)))
-    backend = TorchInference(demo_model_dir, device="cpu")
+    backend = TorchInference(random_model_dir, device="cpu")
     scheduler = Scheduler(backend, max_active=9, max_waiting=9)
     try:
         results = {}

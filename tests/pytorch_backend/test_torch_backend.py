@@ -40,7 +40,7 @@ def test_stream_is_incremental_and_matches_one_shot(backend, image):
     stats = GenerationStats()
     fragments = list(backend.stream_generate(request, stats))
     assert len(fragments) > 1
-    assert stats.new_tokens == 24 and stats.prompt_tokens > 256 and stats.first_token_s > 0
+    assert 1 < stats.new_tokens <= 24 and stats.prompt_tokens > 256 and stats.first_token_s > 0
     assert "".join(fragments) == backend.generate(request)  # greedy: deterministic
 
 

@@ -196,7 +196,7 @@ def test_stale_pid_file_socket_and_token_are_removed(tmp_path):
         op.cleanup()
 
 
-def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_path):
+def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_path, random_model_dir):
     def setting(**env: str) -> str:
         return subprocess.run(
             [sys.executable, "-m", "serving.settings", "get", "drain_timeout_s"],
@@ -214,8 +214,11 @@ def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_pa
 
     film = tmp_path / "film.dcm"
     film.write_bytes(dicom_bytes(quantize(chest_phantom(seed=3), 12), bits_stored=12, window=(2048, 4096)))
-    # A 2048-token answer takes ~50 s on the demo model here: far longer than the 4 s drain.
-    op = Operator(tmp_path / "logs", free_port(), DRAIN_TIMEOUT_S="4", MAX_NEW_TOKENS="2048")
+    # A 2048-token answer takes ~50 s on the random-weight model here (it never stops early): far longer than the
+    # 4 s drain.
+    op = Operator(
+        tmp_path / "logs", free_port(), DRAIN_TIMEOUT_S="4", MAX_NEW_TOKENS="2048", MODEL_PATH=str(random_model_dir)
+    )
     answer: dict = {}
 
     def ask() -> None:

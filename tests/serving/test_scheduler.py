@@ -19,10 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def backend(demo_model_dir):
+def backend(random_model_dir):
     from pytorch_backend.fast import FastTorchInference
 
-    model = FastTorchInference(demo_model_dir, device="cpu", slots=3, max_sequence=1024, max_resident_conversations=1)
+    model = FastTorchInference(random_model_dir, device="cpu", slots=3, max_sequence=1024, max_resident_conversations=1)
     yield model
     model.close()
 

@@ -65,7 +65,8 @@ def test_conversations_match_onnxruntime_token_for_token_and_everything_is_freed
     requests = [*two_turn_requests(reference, film, tokens=16), long_request]
     runs = Comparator.run({"onnxruntime-cpu": reference, "tensorrt": engine}, requests)
     assert Comparator.identical(runs["onnxruntime-cpu"], runs["tensorrt"]) == []
-    assert [len(steps) for steps in runs["tensorrt"].steps] == [16, 16, 16]
+    lengths = [len(steps) for steps in runs["tensorrt"].steps]
+    assert lengths == [len(steps) for steps in runs["onnxruntime-cpu"].steps] and all(0 < n <= 16 for n in lengths)
     figures = Comparator.compare_accuracy(runs["onnxruntime-cpu"], runs["tensorrt"], tokens=16)
     assert figures["logprob_delta_max"] < 1e-4 and figures["image_embedding_cosine_min"] > 0.99999
     assert cuda.bytes_copied > 0

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
+from devtools.phantoms import png_bytes, quantize
 from engine_bundle.integrity import seal
 from engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
 from inference_api.contract import ChatTurn, GenerationRequest
@@ -33,7 +33,10 @@ def torch_backend(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def film():
-    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8)), "held_out.png"))
+    """A held-out labelled phantom (seed 42; training uses seeds from 1,000,000): what the demo model reads."""
+    from devtools.labelled_phantoms import labelled_phantom
+
+    return model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(42).film, 8)), "held_out.png"))
 
 
 def torch_tokens(backend, request):
@@ -60,9 +63,8 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
     for request in (first, second):
         produced = token_ids(bundle, request)
         expected = torch_tokens(torch_backend, request)
-        agreement = np.mean([a == b for a, b in zip(expected, produced, strict=True)])
-        assert len(produced) == FIRST_N
-        assert agreement == 1.0, f"INT8 greedy tokens agree with PyTorch on {agreement:.0%} of the first {FIRST_N}"
+        assert len(produced) >= 3  # an answer, not an immediate stop
+        assert produced == expected, f"INT8 greedy tokens differ from PyTorch: {produced} vs {expected}"
     cosine_value = _cosine(torch_backend.image_features([film]), bundle.image_features([film]))
     assert cosine_value > 0.995
     bundle.close()
