@@ -22,6 +22,8 @@ logger = logging.getLogger("optimize_trt_engine")
 
 
 def parse_args(argv):
+    from engine_build.task_gate import DEFAULT_MAX_F1_DROP, DEFAULT_TASK_PHANTOMS, DEFAULT_TASK_SEED
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", type=Path, help="MedGemma / Gemma 3 checkpoint directory (default: demo model)")
     parser.add_argument(
@@ -48,6 +50,21 @@ def parse_args(argv):
         type=float,
         default=0.1,
         help="largest log-probability difference (nats) on tokens both agree on",
+    )
+    parser.add_argument(
+        "--task_phantoms",
+        type=int,
+        default=DEFAULT_TASK_PHANTOMS,
+        help="held-out labelled phantoms asked every finding through PyTorch and the bundle (the F1 gate); 0: off",
+    )
+    parser.add_argument(
+        "--task_seed", type=int, default=DEFAULT_TASK_SEED, help="first held-out phantom seed of the F1 gate"
+    )
+    parser.add_argument(
+        "--max_f1_drop",
+        type=float,
+        default=DEFAULT_MAX_F1_DROP,
+        help="largest macro-F1 drop of the bundle below PyTorch, in F1 units (0.01 = one point)",
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
     parser.add_argument("--keep_fp32_onnx", action="store_true")
@@ -119,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 "max_logprob_delta": args.max_logprob_delta,
                 "max_kl": args.max_kl,
             },
+            task_phantoms=args.task_phantoms,
+            task_seed=args.task_seed,
+            max_f1_drop=args.max_f1_drop,
             command=command_line(),
         )
         manifest = build_bundle(options)
@@ -142,7 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         f"log-prob delta {'n/a' if delta is None else f'{delta:.1e}'}, first-token KL {accuracy['first_token_kl_max']:.1e} "
         f"(measured on {accuracy['executor']})"
     )
+    print(task_accuracy_summary(accuracy["task_accuracy"]))
     return 0
+
+
+def task_accuracy_summary(task: dict) -> str:
+    """The F1 gate's verdict and its per-finding table, or why it was not measured."""
+    from engine_build.task_gate import table
+
+    if not task["enabled"]:
+        return f"task accuracy: {task['note']}"
+    heading = (
+        f"task accuracy on {task['phantoms']} held-out phantoms (seeds {task['seeds'][0]}..{task['seeds'][1]}): "
+        f"macro-F1 drop {task['macro_f1_drop'] * 100:.1f} points (allowed {task['max_macro_f1_drop'] * 100:.1f})"
+    )
+    return "\n".join([heading, table(task), *([task["note"]] if "note" in task else [])])
 
 
 if __name__ == "__main__":

@@ -102,9 +102,13 @@ def task_accuracy(
     phantoms: Sequence[HeldOutPhantom],
     findings: Sequence[str] = FINDINGS,
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    share_film_prefix: bool = False,
 ) -> dict:
     """Ask every phantom every finding's canonical question; score per-finding F1, macro-F1 and ECE.
 
+    share_film_prefix: ask a phantom's questions as one case (conversation_id and image_key set), so a backend that
+    keeps a case's KV cache encodes the film and prefills its tokens once, not once per finding. The contract
+    promises the same answer either way; on a CPU it makes the eight questions about five times cheaper.
     Returns {"per_finding": {finding: {...f1_counts}}, "macro_f1", "ece", "answers": [...], "phantoms", ...}.
     """
     from devtools.demo_checkpoint.teaching import FINDING_QUESTIONS
@@ -117,7 +121,10 @@ def task_accuracy(
         for finding in findings:
             question = FINDING_QUESTIONS[finding][0]
             stats = GenerationStats()
-            request = GenerationRequest(phantom.image, (ChatTurn("user", question),), max_new_tokens=max_new_tokens)
+            case = {"conversation_id": f"task-{phantom.name}", "image_key": phantom.name} if share_film_prefix else {}
+            request = GenerationRequest(
+                phantom.image, (ChatTurn("user", question),), max_new_tokens=max_new_tokens, **case
+            )
             text = "".join(backend.stream_generate(request, stats))
             predicted = parse_yes_no(text)
             truth = phantom.labels.present(finding)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from engine_build.precision import BuildPlan, parse_compute_capabilities, plan_build
 from engine_build.staging import clone_bundle, discard, make_staging_dir, publish, refuse_existing_output
+from engine_build.task_gate import DEFAULT_MAX_F1_DROP, DEFAULT_TASK_PHANTOMS, DEFAULT_TASK_SEED, table
 from engine_bundle.integrity import seal, verify_bundle
 from engine_bundle.manifest import read_manifest, write_manifest
 
@@ -59,6 +60,9 @@ class BuildOptions:
     allow_few_films: bool = False
     compute_capabilities: str | None = None  # TensorRT-RTX targets, e.g. "SM89,SM120"
     thresholds: dict = field(default_factory=dict)
+    task_phantoms: int = DEFAULT_TASK_PHANTOMS  # held-out labelled phantoms for the F1 gate; 0 switches it off
+    task_seed: int = DEFAULT_TASK_SEED
+    max_f1_drop: float = DEFAULT_MAX_F1_DROP  # macro-F1 units: 0.01 is one point
     command: str = ""
 
 
@@ -144,6 +148,8 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
     from engine_build.graphs import DecoderShape, export_graphs
     from engine_build.parity import check_export_parity
     from engine_build.quantize import count_qdq, quantize_graph
+    from engine_build.task_gate import failure_message as task_failure_message
+    from engine_build.task_gate import measure_task_accuracy
     from engine_build.verify import AccuracyError, Thresholds, check, measure_accuracy, thresholds_record
     from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
     from pytorch_backend.eager import TorchInference
@@ -273,19 +279,25 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
             bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
             try:
                 figures = measure_accuracy(reference, bundle, held_out, tokens=options.verify_tokens)
+                logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
+                task = measure_task_accuracy(
+                    reference, bundle, options.task_phantoms, options.task_seed, options.max_f1_drop
+                )
             finally:
                 bundle.close()
+            log_task_accuracy(task)
             thresholds = Thresholds(**options.thresholds)
             failures = check(figures, thresholds)
-            logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
-            if failures:
+            if failures or not task["passed"]:
+                messages = [*failures, *([task_failure_message(task)] if not task["passed"] else [])]
                 raise AccuracyError(
-                    "precision regression: " + "; ".join(failures) + f" (measured on {plan.verify_reason}; "
+                    "precision regression: " + "; ".join(messages) + f" (measured on {plan.verify_reason}; "
                     f"{options.output_path} left as it was). Figures: {json.dumps(figures)}"
                 )
             manifest["accuracy"] = {
                 **figures,
-                "thresholds": thresholds_record(thresholds),
+                "task_accuracy": task,
+                "thresholds": {**thresholds_record(thresholds), "max_macro_f1_drop": options.max_f1_drop},
                 "passed": True,
                 "failures": [],
                 "export_parity_max_relative_error": parity,
@@ -320,6 +332,23 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
     finally:
         reference.close()
     return manifest
+
+
+def log_task_accuracy(task: dict) -> None:
+    if not task["enabled"]:
+        logger.warning("  %s", task["note"])
+        return
+    logger.info(
+        "  task accuracy on %d held-out phantoms: macro-F1 PyTorch %.3f, bundle %.3f (drop %.3f, allowed %.3f)\n%s",
+        task["phantoms"],
+        task["pytorch"]["macro_f1"],
+        task["bundle"]["macro_f1"],
+        task["macro_f1_drop"],
+        task["max_macro_f1_drop"],
+        table(task),
+    )
+    if "note" in task:
+        logger.warning("  %s", task["note"])
 
 
 def reference_pixels(torch_backend, image):
