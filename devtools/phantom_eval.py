@@ -73,10 +73,18 @@ def f1_counts(truth: Sequence[bool], predicted: Sequence[bool | None]) -> dict:
     recall = tp / (tp + fn) if tp + fn else 0.0
     f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 1.0  # no positives and none claimed: perfect
     return {
-        "f1": f1, "precision": precision, "recall": recall, "accuracy": (tp + tn) / len(truth) if truth else 0.0,
-        "support": tp + fn, "count": len(truth), "tp": tp, "fp": fp, "fn": fn, "tn": tn,
+        "f1": f1,
+        "precision": precision,
+        "recall": recall,
+        "accuracy": (tp + tn) / len(truth) if truth else 0.0,
+        "support": tp + fn,
+        "count": len(truth),
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
         "unparsed": sum(1 for p in predicted if p is None),
-    }  # fmt: skip
+    }
 
 
 def expected_calibration_error(confidences: Sequence[float], correct: Sequence[bool], bins: int = ECE_BINS) -> float:
@@ -128,11 +136,18 @@ def task_accuracy(
             text = "".join(backend.stream_generate(request, stats))
             predicted = parse_yes_no(text)
             truth = phantom.labels.present(finding)
-            answers.append({
-                "phantom": phantom.name, "finding": finding, "question": question, "answer": text,
-                "truth": truth, "predicted": predicted, "correct": predicted is not None and predicted == truth,
-                "confidence": answer_confidence(getattr(stats, "token_logprobs", None)),
-            })  # fmt: skip
+            answers.append(
+                {
+                    "phantom": phantom.name,
+                    "finding": finding,
+                    "question": question,
+                    "answer": text,
+                    "truth": truth,
+                    "predicted": predicted,
+                    "correct": predicted is not None and predicted == truth,
+                    "confidence": answer_confidence(getattr(stats, "token_logprobs", None)),
+                }
+            )
     return summarise(answers, findings, len(phantoms))
 
 
@@ -188,8 +203,7 @@ def format_table(results: dict[str, dict]) -> str:
     """A Markdown table: one row per finding, one F1 column per backend, then macro-F1 and ECE."""
     names = list(results)
     findings = list(next(iter(results.values()))["per_finding"])
-    lines = ["| finding | support | " + " | ".join(f"F1 {n}" for n in names) + " |",
-             "|---|---|" + "---|" * len(names)]  # fmt: skip
+    lines = ["| finding | support | " + " | ".join(f"F1 {n}" for n in names) + " |", "|---|---|" + "---|" * len(names)]
     for finding in findings:
         support = results[names[0]]["per_finding"][finding]["support"]
         cells = " | ".join(f"{results[n]['per_finding'][finding]['f1'] * 100:.1f}" for n in names)
