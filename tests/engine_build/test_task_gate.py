@@ -110,3 +110,20 @@ def test_task_phantoms_0_switches_the_gate_off_and_says_so():
     record = measure_task_accuracy(None, None, phantoms=0, start_seed=900_000, max_drop=0.01)
     assert record["enabled"] is False and record["passed"] is True
     assert "--task_phantoms 0" in record["note"] and "not on whether its answers are right" in record["note"]
+
+
+def test_asking_a_phantoms_questions_as_one_case_gives_the_same_answers(trained_int8):
+    """The gate encodes each film once (share_film_prefix); the contract promises the answers do not change."""
+    from devtools.phantom_eval import held_out_phantoms, task_accuracy
+    from trt_inference.trt_model import TRTInference
+
+    phantoms = held_out_phantoms(2, 900_000)
+    bundle = TRTInference(trained_int8[0], executor="onnxruntime-cpu")
+    try:
+        shared, separate = (
+            task_accuracy(bundle, phantoms, max_new_tokens=4, share_film_prefix=s) for s in (True, False)
+        )
+    finally:
+        bundle.close()
+    assert [a["answer"] for a in shared["answers"]] == [a["answer"] for a in separate["answers"]]
+    assert shared["ece"] == pytest.approx(separate["ece"], abs=1e-5)
