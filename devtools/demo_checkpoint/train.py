@@ -284,6 +284,8 @@ def train(args: argparse.Namespace) -> dict:
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
     model = build_model(config, seed=args.seed)
     prepare_for_training(model, args.seed)
+    if args.attention != "sdpa":
+        model.set_attn_implementation(args.attention)  # eager: plain matmul + softmax, deterministic on CUDA
     model = model.to(args.device).train()
     readout = make_readout(config.text_config.hidden_size, args.seed + 2).to(args.device)
     vision = [p for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n]
@@ -467,6 +469,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pool_films", type=int, default=64, help="training films, drawn once (seeds from 1e6 up)")
     parser.add_argument("--variants", type=int, default=4, help="conversation variants per film (one per epoch)")
     parser.add_argument("--workers", type=int, default=1, help="processes that draw the pool (same pool for any)")
+    parser.add_argument(
+        "--attention",
+        choices=["sdpa", "eager"],
+        default="eager",
+        help="attention kernels while training: eager (deterministic on CUDA: two H200 runs bit-identical) or sdpa "
+        "(what trained the committed checkpoint; its CUDA backward is not deterministic)",
+    )
     parser.add_argument("--max_train_s", type=float, default=0, help="stop training past this many seconds (0: off)")
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of the language model")
     parser.add_argument("--vision_lr", type=float, default=5e-3, help="peak learning rate of vision + projector")
