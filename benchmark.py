@@ -48,6 +48,14 @@ def parse_args(argv):
     parser.add_argument("--report-tokens", type=int, default=128)
     parser.add_argument("--report-users", type=int, default=16)
     parser.add_argument("--max-sequence", type=int, default=2048, help="static KV cache length of the fast path")
+    parser.add_argument(
+        "--task-phantoms",
+        type=int,
+        default=0,
+        help="also ask this many held-out labelled phantoms every finding's question: per-finding F1 per mode "
+        "(meaningful for the trained demo checkpoint; 0: off)",
+    )
+    parser.add_argument("--task-seed", type=int, default=900_000, help="first held-out phantom seed for F1")
     parser.add_argument("--restart-probe", action="store_true", help="also time two fresh processes' start-up")
     parser.add_argument("--startup-only", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -168,10 +176,38 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             record["film_batch"] = measure.film_batch(
                 service, workload.films(films), args.report_users, args.report_tokens, bar.update
             )
+        if args.task_phantoms:
+            bar.set_description(f"{mode}: task accuracy")
+            record["task_accuracy"] = task_accuracy(service, args.task_phantoms, args.task_seed)
     finally:
         record["peak_gpu_gib"] = _peak_memory_gib()
         service.close()
     return record
+
+
+def task_accuracy(service, phantoms: int, start_seed: int) -> dict:
+    """Per-finding F1, macro-F1 and ECE of this mode through the serving path (the same questions and rule as the
+    engine build's F1 gate), so the table compares precisions on answers, not only on speed."""
+    from types import SimpleNamespace
+
+    from devtools.phantom_eval import held_out_phantoms
+    from devtools.phantom_eval import task_accuracy as measure_task_accuracy
+    from engine_build.task_gate import MAX_NEW_TOKENS
+
+    started = time.perf_counter()
+
+    def stream_generate(request, stats):
+        """The service yields the answer so far; phantom_eval joins pieces, so hand it only the final text."""
+        *_, answer = ("", *service.stream_answer(request, stats))
+        yield answer
+
+    backend = SimpleNamespace(stream_generate=stream_generate)
+    result = measure_task_accuracy(
+        backend, held_out_phantoms(phantoms, start_seed), max_new_tokens=MAX_NEW_TOKENS, share_film_prefix=True
+    )
+    summary = {key: value for key, value in result.items() if key != "answers"}
+    summary.update(seeds=[start_seed, start_seed + phantoms - 1], wall_s=time.perf_counter() - started)
+    return summary
 
 
 def machine(device: str) -> dict:

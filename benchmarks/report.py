@@ -63,6 +63,18 @@ def markdown(result: dict) -> str:
                 f"| {name} | {batch['films']} | {_fmt(batch['features_s'], 2)} | {_fmt(batch['reports_s'], 2)} | "
                 f"{_fmt(batch['end_to_end_s'], 2)} | {_fmt(batch['films_per_s'], 2)} |"
             )
+    scored = {name: mode["task_accuracy"] for name, mode in modes.items() if mode.get("task_accuracy")}
+    if scored:
+        from devtools.phantom_eval import format_table
+
+        first = next(iter(scored.values()))
+        lines += [
+            "",
+            f"Task accuracy on {first['phantoms']} held-out phantoms (seeds {first['seeds'][0]}-"
+            f"{first['seeds'][1]}), per-finding F1:",
+            "",
+            format_table(scored),
+        ]
     return "\n".join(lines) + "\n"
 
 

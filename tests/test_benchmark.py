@@ -46,6 +46,8 @@ def test_benchmark_writes_every_figure_for_every_mode(tmp_path, int8_bundle, dem
             "4",
             "--report-users",
             "2",
+            "--task-phantoms",
+            "2",
         ],
         cwd=REPO_ROOT,
         capture_output=True,
@@ -73,7 +75,13 @@ def test_benchmark_writes_every_figure_for_every_mode(tmp_path, int8_bundle, dem
         assert reuse[True]["follow_up_reused_tokens"][0] > 256 and reuse[False]["follow_up_reused_tokens"] == [0]
         batch = mode["film_batch"]
         assert batch["films"] == 2 and {"features_s", "reports_s", "end_to_end_s"} <= batch.keys()
+        task = mode["task_accuracy"]
+        assert task["phantoms"] == 2 and task["seeds"] == [900_000, 900_001] and task["ece"] is not None
+        assert task["macro_f1"] >= 0.75, (name, task["per_finding"])  # the trained demo reads the film
+    verdicts = {name: mode["task_accuracy"]["per_finding"] for name, mode in record["modes"].items()}
+    assert verdicts["trt"] == verdicts["pytorch-eager"]  # INT8 gives PyTorch's answers on these phantoms
     table = (output / "benchmark.md").read_text()
     assert "| pytorch-fast |" in table and "| trt |" in table and "KV kept between turns" in table
+    assert "| finding | support | F1 pytorch-eager | F1 pytorch-fast | F1 trt |" in table and "**macro-F1**" in table
     assert table in result.stdout  # the table is printed last
     assert (output / "benchmark.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
