@@ -19,31 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def medgemma_4b_config():
+    """MedGemma-4B's published sizes (benchmarks.random_model) with Gemma 3's own image-token ids."""
     from transformers import Gemma3Config
 
-    text = dict(
-        hidden_size=2560,
-        intermediate_size=10240,
-        num_hidden_layers=34,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-        vocab_size=262208,
-        sliding_window=1024,
-        rope_scaling={"rope_type": "linear", "factor": 8.0},
-    )
-    vision = dict(
-        hidden_size=1152,
-        intermediate_size=4304,
-        num_hidden_layers=27,
-        num_attention_heads=16,
-        image_size=896,
-        patch_size=14,
-        vision_use_head=False,
-    )
+    from benchmarks.random_model import MEDGEMMA_4B_TEXT, MEDGEMMA_4B_VISION
+
     return Gemma3Config(
-        text_config=text,
-        vision_config=vision,
+        text_config=dict(MEDGEMMA_4B_TEXT),
+        vision_config=dict(MEDGEMMA_4B_VISION),
         mm_tokens_per_image=256,
         boi_token_index=255999,
         eoi_token_index=256000,

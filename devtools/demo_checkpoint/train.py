@@ -398,6 +398,14 @@ def evaluate(args: argparse.Namespace) -> dict:
     return result
 
 
+def held_out_record(evaluation: dict, args: argparse.Namespace) -> dict:
+    """What the run record keeps of an evaluation: the figures, the seeds and a few answers to read."""
+    kept = {k: v for k, v in evaluation.items() if k != "answers"}
+    kept["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
+    kept["sample_answers"] = evaluation["answers"][:16]
+    return kept
+
+
 def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace, argv: list[str], total_s: float):
     reproduce = "python -m devtools.demo_checkpoint.train " + " ".join(shlex.quote(a) for a in argv)
     record = {
@@ -429,9 +437,7 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
         "total_wall_s": round(total_s, 1),
     }
     if evaluation is not None:
-        record["held_out_eval"] = {k: v for k, v in evaluation.items() if k != "answers"}
-        record["held_out_eval"]["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
-        record["held_out_eval"]["sample_answers"] = evaluation["answers"][:16]
+        record["held_out_eval"] = held_out_record(evaluation, args)
     (args.output / RECORD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -443,9 +449,7 @@ def add_evaluation(args: argparse.Namespace, argv: list[str]) -> int:
     record_path = args.output / RECORD_FILE
     record = json.loads(record_path.read_text())
     evaluation = evaluate(args)
-    record["held_out_eval"] = {k: v for k, v in evaluation.items() if k != "answers"}
-    record["held_out_eval"]["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
-    record["held_out_eval"]["sample_answers"] = evaluation["answers"][:16]
+    record["held_out_eval"] = held_out_record(evaluation, args)
     record["held_out_eval"]["command"] = "python -m devtools.demo_checkpoint.train " + " ".join(
         shlex.quote(a) for a in argv
     )

@@ -75,7 +75,8 @@ class ScriptedBackend(InferenceBackend):
         return self._next(kv) if want_token else None
 
     def _prompt_logits_impl(self, kv, prompt):
-        raise NotImplementedError
+        # A scripted backend has tokens, not a distribution: next_token_logits is tested on the real backends.
+        raise NotImplementedError("the scripted test backend has no logits")
 
     def _decode_impl(self, kvs, tokens, positions):
         self._model_call()
