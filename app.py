@@ -12,6 +12,7 @@ import traceback
 import uuid
 
 from assistant.case import EXAMPLE_QUESTIONS, Case
+from engine_bundle.defaults import DEMO_NOTICE
 from serving.limits import RequestLimits
 from xray_io import ImageInputError, load_radiograph
 
@@ -36,7 +37,7 @@ def badge_markdown(service) -> str:
     if breaker.state == "open":
         text += f"\n\n⚠️ **TensorRT disabled by the circuit breaker** ({breaker.last_failure}); serving on PyTorch."
     if info.is_demo:
-        notice = info.demo_notice or "Demo model: not a medical model."
+        notice = info.demo_notice or DEMO_NOTICE
         text += f"\n\n⚠️ **{notice}** Set MODEL_PATH to a local MedGemma for real films."
     return text
 

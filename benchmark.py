@@ -190,9 +190,9 @@ def task_accuracy(service, phantoms: int, start_seed: int) -> dict:
     engine build's F1 gate), so the table compares precisions on answers, not only on speed."""
     from types import SimpleNamespace
 
-    from devtools.phantom_eval import held_out_phantoms
-    from devtools.phantom_eval import task_accuracy as measure_task_accuracy
     from engine_build.task_gate import MAX_NEW_TOKENS
+    from phantoms.evaluation import held_out_phantoms
+    from phantoms.evaluation import task_accuracy as measure_task_accuracy
 
     started = time.perf_counter()
 

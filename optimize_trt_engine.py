@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         model_path = args.model_path
         if model_path is None:
-            from devtools.demo_checkpoint.install import install_trained_checkpoint
+            from demo_model.install import install_trained_checkpoint
             from serving.settings import DEMO_MODEL_DIR
 
             model_path = install_trained_checkpoint(DEMO_MODEL_DIR)

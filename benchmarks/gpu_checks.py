@@ -47,7 +47,7 @@ def hf_reference(backend, request):
     """generate()'s greedy tokens and, per step, the top-1 minus top-2 logit margin."""
     import torch
 
-    from tests.reference import hf_inputs
+    from pytorch_backend.hf_reference import hf_inputs
 
     inputs = hf_inputs(backend, request).to(backend.device, dtype=backend.dtype)
     with torch.inference_mode():
@@ -173,8 +173,8 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from devtools.phantoms import chest_phantom, png_bytes, quantize
     from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+    from phantoms.films import chest_phantom, png_bytes, quantize
     from pytorch_backend.eager import TorchInference
     from pytorch_backend.fast import FastTorchInference
     from serving.settings import DEMO_MODEL_DIR

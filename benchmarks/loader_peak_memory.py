@@ -23,7 +23,7 @@ def cases() -> dict[str, tuple[bytes, bytes, int]]:
     from PIL import Image
 
     from devtools.hostile_files import dicom_deflated_bomb, dicom_jpeg_with_lying_size, dicom_rle_bomb, png_bomb
-    from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
+    from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 
     big, small = chest_phantom(ROWS, COLUMNS, seed=2), chest_phantom(128, 112, seed=1)
 

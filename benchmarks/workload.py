@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.types import ChatTurn, GenerationRequest
+from phantoms.films import chest_phantom, png_bytes, quantize
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 

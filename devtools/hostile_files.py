@@ -104,7 +104,7 @@ def dicom_deflated_bomb(rows: int, columns: int) -> bytes:
 def dicom_jpeg_with_lying_size(width: int = 60000, height: int = 60000) -> bytes:
     """A small DX film in JPEG Baseline whose codestream (SOF0) claims width x height while the DICOM header says
     128 x 112: decoders size their output from the codestream, so this asks for gigabytes."""
-    from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+    from phantoms.films import chest_phantom, dicom_bytes, quantize
 
     data = bytearray(dicom_bytes(quantize(chest_phantom(128, 112), 8), bits_stored=8, transfer_syntax="jpeg-baseline"))
     sof = data.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_bundle.names import KV_KINDS, TARGET_MODULES, past_name
+
 logger = logging.getLogger(__name__)
 
-TARGET_MODULES = {"tensorrt": "tensorrt", "tensorrt-rtx": "tensorrt_rtx"}
 # SM75 (Turing) is left out: TensorRT-RTX has no FP32 GEMM there, and our fp32 graphs need one.
 RTX_COMPUTE_CAPABILITIES = ("SM80", "SM86", "SM89", "SM120")
 # FP8 (e4m3) tensor cores: Ada (SM89) and newer. TensorRT-RTX refuses to compile fp8 for SM80/SM86.
@@ -142,6 +143,6 @@ def graph_profiles(shapes: dict) -> dict[str, Profile]:
         "sliding_mask": tuple((1, 1, n, t) for n, t in zip(new, total, strict=True)),
     }
     for layer in range(shapes["layers"]):
-        for kind in ("key", "value"):
-            decoder_shapes[f"past_{kind}_{layer}"] = tuple((1, kv[0], p, kv[1]) for p in past)
+        for kind in KV_KINDS:
+            decoder_shapes[past_name(kind, layer)] = tuple((1, kv[0], p, kv[1]) for p in past)
     return {"vision": vision, "embed": embed, "decoder": Profile(decoder_shapes)}

@@ -15,7 +15,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 MIN_RECOMMENDED_FILMS = 50
-SYNTHETIC_MARK = "SYNTHETIC"  # devtools.phantoms writes it into every phantom's metadata
+SYNTHETIC_MARK = "SYNTHETIC"  # phantoms.films writes it into every phantom's metadata
 CALIBRATION_QUESTIONS = (
     "What are the main findings on this chest X-ray?",
     "Is there a pneumothorax or pleural effusion?",

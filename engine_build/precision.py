@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from engine_build.builder import FP8_RTX_COMPUTE_CAPABILITIES, RTX_COMPUTE_CAPABILITIES, TARGET_MODULES
+from engine_build.builder import FP8_RTX_COMPUTE_CAPABILITIES, RTX_COMPUTE_CAPABILITIES
+from engine_bundle.names import TARGET_MODULES
 
 PRECISIONS = ("int8", "fp8", "fp16", "bf16", "fp32")
 ONNXRUNTIME_CPU_PRECISIONS = ("fp32", "int8", "fp16", "fp8")

@@ -1,7 +1,7 @@
 """Task accuracy as the precision gate: the bundle must read held-out labelled phantoms as well as PyTorch does.
 
 Cosine, token agreement and KL say how close the numbers are; this says whether the answers are still right. Each
-phantom is asked every finding's yes/no question through both backends (devtools.phantom_eval, imported lazily:
+phantom is asked every finding's yes/no question through both backends (phantoms.evaluation, imported lazily:
 build-time code only), and the bundle fails when its macro-F1 falls more than max_drop below PyTorch's.
 
 The rule is always the drop relative to PyTorch, never an absolute F1: a checkpoint that was not trained on phantoms
@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TASK_PHANTOMS = 24
 DEFAULT_MAX_F1_DROP = 0.01  # one F1 point
-# Seeds far from 0: calibration sets written by devtools.phantoms start at seed 0, and a gate measured on the
+# Seeds far from 0: calibration sets written by phantoms.films start at seed 0, and a gate measured on the
 # calibration films would flatter the scales fit to them. Still below phantom_eval's held-out limit (training: above).
 DEFAULT_TASK_SEED = 900_000
 MAX_NEW_TOKENS = 4  # the verdict is the answer's first word
@@ -40,7 +40,7 @@ def measure_task_accuracy(reference, bundle, phantoms: int, start_seed: int, max
             "note": "task accuracy not measured (--task_phantoms 0): this bundle was gated on embedding cosine, "
             "token agreement, log-probability delta and KL only, not on whether its answers are right",
         }
-    from devtools.phantom_eval import compare_task_accuracy, held_out_phantoms, task_accuracy
+    from phantoms.evaluation import compare_task_accuracy, held_out_phantoms, task_accuracy
 
     films = held_out_phantoms(phantoms, start_seed)
     results = {}
@@ -78,7 +78,7 @@ def table(record: dict) -> str:
     """The per-finding F1 table (Markdown) of a task-accuracy record; empty when the gate was off."""
     if not record.get("enabled"):
         return ""
-    from devtools.phantom_eval import format_table
+    from phantoms.evaluation import format_table
 
     return format_table({"PyTorch": record["pytorch"], "bundle": record["bundle"]})
 

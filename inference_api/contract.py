@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.decoding import IncrementalDecoder
 from inference_api.errors import BackendClosedError, ConversationTooLongError, NoFreeSlotError, RequestError
 from inference_api.types import (  # noqa: F401  (re-exported: the contract's vocabulary in one import)
@@ -40,8 +41,6 @@ from inference_api.types import (  # noqa: F401  (re-exported: the contract's vo
 )
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MAX_RESIDENT_CONVERSATIONS = 8
 
 
 @dataclass

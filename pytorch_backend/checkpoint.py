@@ -7,8 +7,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_bundle.defaults import DEMO_NOTICE
+
 DEMO_MARKER = "demo_checkpoint.json"
-DEFAULT_DEMO_NOTICE = "Demo model: not a medical model. Not for clinical use."
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
     marker = model_dir / DEMO_MARKER
     if marker.is_file():
         description = json.loads(marker.read_text())
-        notice = description.get("warning") or DEFAULT_DEMO_NOTICE
+        notice = description.get("warning") or DEMO_NOTICE
         return CheckpointDescription(model_dir, description["model_id"], True, notice)
     model_id = config.get("_name_or_path") or model_dir.name
     return CheckpointDescription(model_dir, str(model_id), False)

@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.chat import chat_messages
 from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
 from pytorch_backend.checkpoint import CheckpointDescription, describe_checkpoint
@@ -26,7 +27,7 @@ class TorchInference(InferenceBackend):
         self,
         model_path: str | Path,
         device: str = "auto",
-        max_resident_conversations: int = 8,
+        max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         preloaded: tuple | None = None,
     ) -> None:
         """preloaded: (model, processor) already in memory, e.g. the benchmark's full-size random-weight model;
@@ -65,7 +66,7 @@ class TorchInference(InferenceBackend):
             self.device,
             self.precision,
             self.load_s,
-            " -- DEMO MODEL: not a medical model" if self.checkpoint.is_demo else "",
+            f" -- {self.checkpoint.demo_notice}" if self.checkpoint.is_demo else "",
         )
 
     @property

@@ -12,6 +12,7 @@ import logging
 import time
 from pathlib import Path
 
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.contract import Prompt, TokenStep
 from inference_api.errors import NoFreeSlotError
 from pytorch_backend.eager import TorchInference
@@ -37,7 +38,7 @@ class FastTorchInference(TorchInference):
         self,
         model_path: str | Path,
         device: str = "auto",
-        max_resident_conversations: int = 8,
+        max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         slots: int = 16,
         max_sequence: int = 4096,
         compile: bool | None = None,

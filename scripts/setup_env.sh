@@ -30,4 +30,4 @@ if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v systemd-ana
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || echo "warning: systemd not installed" >&2
 fi
 
-"${VENV_PYTHON}" -m devtools.demo_checkpoint.install --output models/medgemma-demo
+"${VENV_PYTHON}" -m demo_model.install --output models/medgemma-demo

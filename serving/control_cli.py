@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine_bundle.defaults import DEMO_NOTICE
 from inference_api.types import Mode
 from serving.control import send_command
 
@@ -51,7 +52,7 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Executor: {backend.get('executor', 'n/a')}",
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
         f"Model: {backend.get('model_id', 'n/a')}"
-        + ("  [DEMO: not a medical model]" if backend.get("is_demo") else ""),
+        + (f"  [{backend.get('demo_notice') or DEMO_NOTICE}]" if backend.get("is_demo") else ""),
         f"Device: {backend.get('device', 'n/a')}",
     ]
     measured_on = (backend.get("details") or {}).get("accuracy_measured_on")

@@ -20,6 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,9 @@ class Settings:
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     generation_concurrency: int = 2  # answers decoded together (one batch); more wait in the queue
     queue_size: int = 64  # answers waiting for a decode slot before new ones are turned away as busy
-    max_resident_conversations: int = 8  # conversations whose KV cache stays between turns (LRU beyond)
+    max_resident_conversations: int = (
+        DEFAULT_MAX_RESIDENT_CONVERSATIONS  # conversations whose KV cache stays between turns (LRU beyond)
+    )
     max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
     request_timeout_s: float = 300.0  # longest one answer may take, waiting included
     # --- hot switch, breaker, shutdown ---

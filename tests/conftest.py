@@ -47,7 +47,7 @@ ISOLATED_VARIABLES = (
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    from devtools.demo_checkpoint.install import install_trained_checkpoint
+    from demo_model.install import install_trained_checkpoint
 
     return install_trained_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
 
@@ -56,7 +56,7 @@ def demo_model_dir() -> Path:
 def random_model_dir() -> Path:
     """The random-weight demo checkpoint, for tests of serving mechanics that need answers that run to
     max_new_tokens (its stop tokens never win, so every answer is full length); the trained demo stops early."""
-    from devtools.demo_checkpoint.build import ensure_demo_checkpoint
+    from demo_model.build import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-random")
 
@@ -142,7 +142,7 @@ def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="session")
 def synthetic_films(tmp_path_factory) -> Path:
-    from devtools.phantoms import write_phantom_set
+    from phantoms.films import write_phantom_set
 
     folder = tmp_path_factory.mktemp("calib")
     write_phantom_set(folder, 12)

@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from assistant.report_schema import REPORT_FIELDS
-from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
 

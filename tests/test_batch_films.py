@@ -17,7 +17,7 @@ import pytest
 
 from assistant.batch.features import load_features
 from assistant.report_schema import REPORT_FIELDS
-from devtools.phantoms import (
+from phantoms.films import (
     COMPRESSED_SYNTAXES,
     UNCOMPRESSED_SYNTAXES,
     chest_phantom,

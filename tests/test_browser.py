@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from assistant.report_schema import REPORT_FIELDS
-from devtools.labelled_phantoms import labelled_phantom
-from devtools.phantoms import dicom_bytes, quantize
+from phantoms.films import dicom_bytes, quantize
+from phantoms.labelled import labelled_phantom
 from tests.conftest import ARTIFACTS
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from devtools.hostile_files import FAKE_IDENTIFIERS, FAKE_IDENTIFYING_FILE_NAME, png_bomb
-from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import REPO_ROOT, ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.slow

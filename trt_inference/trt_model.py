@@ -14,19 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, DEFAULT_SEQUENCE_SLOTS, DEMO_NOTICE
 from engine_bundle.integrity import verify_bundle
 from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
 from engine_bundle.masks import attention_masks, image_block_ids
+from engine_bundle.names import runtime_module
 from inference_api.chat import chat_messages
 from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
 
 logger = logging.getLogger(__name__)
 
 EXECUTORS = ("auto", "tensorrt", "onnxruntime-cpu")
-
-
-def _tensorrt_module(manifest: dict) -> str:
-    return "tensorrt_rtx" if manifest["tensorrt"].get("target") == "tensorrt-rtx" else "tensorrt"
 
 
 class TRTInference(InferenceBackend):
@@ -37,8 +35,8 @@ class TRTInference(InferenceBackend):
         engine_path: str | Path,
         input_shape: tuple[int, ...] | None = None,
         executor: str = "auto",
-        sequence_slots: int = 2,
-        max_resident_conversations: int = 8,
+        sequence_slots: int = DEFAULT_SEQUENCE_SLOTS,
+        max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         require_verified: bool = True,
     ) -> None:
         """engine_path: the bundle folder, or any file inside it (a .plan or .onnx). input_shape: the vision input
@@ -78,13 +76,13 @@ class TRTInference(InferenceBackend):
             manifest["precision"],
             self.executor.name,
             time.perf_counter() - started,
-            " -- DEMO MODEL: not a medical model" if manifest["model"].get("is_demo") else "",
+            f" -- {DEMO_NOTICE}" if manifest["model"].get("is_demo") else "",
         )
 
     def _open_executor(self, choice: str, sequence_slots: int):
         manifest = self.manifest
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
-        module = _tensorrt_module(manifest)
+        module = runtime_module(manifest)
         if choice == "auto":
             why_not = _why_not_tensorrt(has_engines, module)
             choice = "onnxruntime-cpu" if why_not else "tensorrt"
@@ -195,7 +193,7 @@ class TRTInference(InferenceBackend):
             model_id=manifest["model"]["id"],
             is_demo=bool(manifest["model"].get("is_demo")),
             demo_notice=manifest["model"].get("demo_notice")
-            or ("Demo model: not a medical model." if manifest["model"].get("is_demo") else None),
+            or (DEMO_NOTICE if manifest["model"].get("is_demo") else None),
             details={
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],

@@ -9,7 +9,7 @@ from assistant.batch.journal import Journal
 from assistant.batch.requests import scheduled_requests, sequential_requests
 from assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
 from assistant.report_schema import REPORT_PROMPT
-from devtools.phantoms import chest_phantom, png_bytes, quantize
+from phantoms.films import chest_phantom, png_bytes, quantize
 from pytorch_backend.eager import TorchInference
 
 BAD_SIDE = 300  # the film whose vision batch fails in the backend

@@ -14,8 +14,8 @@ import pytest
 
 from assistant.confidence import answer_confidence
 from assistant.report import parse_report, report_request
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.types import GenerationStats
+from phantoms.films import chest_phantom, png_bytes, quantize
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 

@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from devtools.demo_checkpoint.install import TRAINED_CHECKPOINT_DIR
-from devtools.findings import FINDINGS
+from demo_model.install import TRAINED_CHECKPOINT_DIR
+from phantoms.findings import FINDINGS
 from tests.conftest import run_optimizer
 from tests.engine_build.test_build_safety import snapshot
 
@@ -114,7 +114,7 @@ def test_task_phantoms_0_switches_the_gate_off_and_says_so():
 
 def test_asking_a_phantoms_questions_as_one_case_gives_the_same_answers(trained_int8):
     """The gate encodes each film once (share_film_prefix); the contract promises the answers do not change."""
-    from devtools.phantom_eval import held_out_phantoms, task_accuracy
+    from phantoms.evaluation import held_out_phantoms, task_accuracy
     from trt_inference.trt_model import TRTInference
 
     phantoms = held_out_phantoms(2, 900_000)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from phantoms.films import chest_phantom, png_bytes, quantize
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.contract import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
 from inference_api.errors import RequestError
-from tests.reference import hf_generate, hf_inputs
+from phantoms.films import chest_phantom, png_bytes, quantize
+from pytorch_backend.hf_reference import hf_generate, hf_inputs
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
@@ -150,7 +150,7 @@ def test_close_is_idempotent_and_final(demo_model_dir, image):
 
 
 def test_demo_checkpoint_is_deterministic(tmp_path):
-    from devtools.demo_checkpoint.build import write_demo_checkpoint
+    from demo_model.build import write_demo_checkpoint
     from pytorch_backend.checkpoint import weights_sha256
 
     first, second = write_demo_checkpoint(tmp_path / "a"), write_demo_checkpoint(tmp_path / "b")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, quantize
 from serving import exit_codes
 from tests.conftest import REPO_ROOT, free_port
 from tests.scripts.harness import Operator

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from devtools.phantoms import chest_phantom, dicom_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port, wait_ready
 from tests.scripts.harness import Operator
 

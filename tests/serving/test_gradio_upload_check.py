@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
+from phantoms.films import chest_phantom, png_bytes, quantize
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from phantoms.films import chest_phantom, png_bytes, quantize
 from serving.scheduler import Scheduler, SchedulerBusyError
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from inference_api.errors import RequestError
 from inference_api.types import ChatTurn, GenerationRequest
+from phantoms.films import chest_phantom, png_bytes, quantize
 from serving.service import InferenceService, SwitchError
 from serving.settings import Settings
 from xray_io import load_radiograph

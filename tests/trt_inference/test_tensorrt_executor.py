@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 
-from devtools.phantoms import chest_phantom, png_bytes, quantize
 from devtools.trt_standins.bundle import installed, make_standin_bundle
 from devtools.trt_standins.cuda_host import HostCudaRuntime, HostMemory
 from devtools.trt_standins.scenarios import (
@@ -22,6 +21,7 @@ from devtools.trt_standins.scenarios import (
 from devtools.trt_standins.tensorrt_runtime import IExecutionContext, tensorrt_module
 from engine_build.comparison import Comparator
 from inference_api.errors import NoFreeSlotError
+from phantoms.films import chest_phantom, png_bytes, quantize
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 

@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from devtools.phantoms import png_bytes, quantize
 from engine_bundle.integrity import seal
 from engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
 from inference_api.contract import ChatTurn, GenerationRequest
+from phantoms.films import png_bytes, quantize
+from pytorch_backend.hf_reference import hf_generate, hf_inputs
 from tests.conftest import REPO_ROOT
-from tests.reference import hf_generate, hf_inputs
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
 
@@ -34,7 +34,7 @@ def torch_backend(demo_model_dir):
 @pytest.fixture(scope="module")
 def film():
     """A held-out labelled phantom (seed 42; training uses seeds from 1,000,000): what the demo model reads."""
-    from devtools.labelled_phantoms import labelled_phantom
+    from phantoms.labelled import labelled_phantom
 
     return model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(42).film, 8)), "held_out.png"))
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from devtools.phantoms import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
+from phantoms.films import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
 from xray_io import CorruptImageError, MissingCodecError, UnsupportedImageError, load_radiograph
 
 FILM = chest_phantom(320, 288, seed=7)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 from xray_io import ImageInputError, Radiograph, load_radiograph
 from xray_io.errors import UnexpectedImageError
 

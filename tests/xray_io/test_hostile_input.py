@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import pytest
 
-from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 from xray_io import CorruptImageError, ImageInputError, UnsupportedImageError, load_radiograph
 
 FILM = chest_phantom(240, 200, seed=5)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from devtools.phantoms import chest_phantom, dicom_bytes, png_bytes, quantize
+from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 from xray_io import CorruptImageError, UnsupportedImageError, load_radiograph
 from xray_io.preprocess import model_input_image, pad_to_square
 

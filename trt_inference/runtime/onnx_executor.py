@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.defaults import DEFAULT_SEQUENCE_SLOTS
+from engine_bundle.names import kv_input_names
 from trt_inference.runtime.slots import DEFAULT_SLOT_TIMEOUT_S, SlotPool
 
 # ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16/bf16 graphs; EXTENDED runs them. Above BASIC, ORT
@@ -27,7 +29,9 @@ OPTIMIZATION_LEVELS = {
 class OnnxRuntimeExecutor:
     name = "onnxruntime-cpu"
 
-    def __init__(self, bundle_dir: Path, manifest: dict, sequence_slots: int = 2, threads: int | None = None) -> None:
+    def __init__(
+        self, bundle_dir: Path, manifest: dict, sequence_slots: int = DEFAULT_SEQUENCE_SLOTS, threads: int | None = None
+    ) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -41,7 +45,7 @@ class OnnxRuntimeExecutor:
         shapes = manifest["shapes"]
         self.layers, self.kv_heads, self.head_dim = shapes["layers"], shapes["kv_heads"], shapes["head_dim"]
         self.max_batch, self.max_sequence = shapes["max_batch"], shapes["max_sequence"]
-        self.kv_input_names = [f"past_{kind}_{layer}" for layer in range(self.layers) for kind in ("key", "value")]
+        self.kv_input_names = kv_input_names(self.layers)
         self.slots: SlotPool[int] = SlotPool(list(range(sequence_slots)))
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:

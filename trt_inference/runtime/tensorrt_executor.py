@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_bundle.defaults import DEFAULT_SEQUENCE_SLOTS
+from engine_bundle.names import KV_KINDS, past_name, present_name, runtime_module
 from trt_inference.runtime.cuda_memory import (
     CudaStream,
     DeviceBuffer,
@@ -81,16 +83,16 @@ def expected_io(graph: str, layers: int) -> dict[str, tuple[str, str]]:
         "logits": ("OUTPUT", "FLOAT"),
     }
     for layer in range(layers):
-        for kind in ("key", "value"):
-            io[f"past_{kind}_{layer}"] = ("INPUT", "FLOAT")
-            io[f"present_{kind}_{layer}"] = ("OUTPUT", "FLOAT")
+        for kind in KV_KINDS:
+            io[past_name(kind, layer)] = ("INPUT", "FLOAT")
+            io[present_name(kind, layer)] = ("OUTPUT", "FLOAT")
     return io
 
 
 class TensorRTExecutor:
     name = "tensorrt"
 
-    def __init__(self, bundle_dir: Path, manifest: dict, sequence_slots: int = 2) -> None:
+    def __init__(self, bundle_dir: Path, manifest: dict, sequence_slots: int = DEFAULT_SEQUENCE_SLOTS) -> None:
         # Everything close() releases exists before the first thing that can fail.
         self._buffers: list = []
         self.stream: CudaStream | None = None
@@ -107,7 +109,7 @@ class TensorRTExecutor:
             raise
 
     def _open(self, bundle_dir: Path, manifest: dict, sequence_slots: int) -> None:
-        module = "tensorrt_rtx" if manifest["tensorrt"]["target"] == "tensorrt-rtx" else "tensorrt"
+        module = runtime_module(manifest)
         self.trt = trt = importlib.import_module(module)
         self.log = _capturing_logger(trt)
         self.runtime = trt.Runtime(self.log)
@@ -165,7 +167,7 @@ class TensorRTExecutor:
             ("vision", "pixel_values", 0, self.max_batch, "images in one vision batch"),
             ("embed", "input_ids", 1, self.max_sequence, "tokens"),
             ("decoder", "inputs_embeds", 1, self.max_sequence, "new tokens in one prefill"),
-            ("decoder", "past_key_0", 2, self.max_sequence, "past tokens (with the dead slot)"),
+            ("decoder", past_name("key", 0), 2, self.max_sequence, "past tokens (with the dead slot)"),
         )
         for graph, name, axis, needed, what in checks:
             allowed = self._profile_max(graph, name)[axis]
@@ -367,8 +369,8 @@ class _TensorRTSequence:
             outputs = {"logits": (slot.logits, np.float32)}
             for index in range(e.layers):
                 for offset, kind in enumerate(("key", "value")):
-                    inputs[f"past_{kind}_{index}"] = (past[2 * index + offset], kv_shape, np.float32)
-                    outputs[f"present_{kind}_{index}"] = (present[2 * index + offset], np.float32)
+                    inputs[past_name(kind, index)] = (past[2 * index + offset], kv_shape, np.float32)
+                    outputs[present_name(kind, index)] = (present[2 * index + offset], np.float32)
             e._execute(slot.context, inputs, outputs)
             logits = slot.logits_host.view((1, 1, e.vocab))
             copy_device_to_host(logits, slot.logits, e.stream)

@@ -1,5 +1,5 @@
-"""Labelled synthetic chest films: the anatomy of devtools.phantoms plus findings, devices and technique drawn from
-the labels (devtools.findings), large and dense enough to be visible at the model's 896-px input after padding.
+"""Labelled synthetic chest films: the anatomy of phantoms.films plus findings, devices and technique drawn from
+the labels (phantoms.findings), large and dense enough to be visible at the model's 896-px input after padding.
 
 Coordinates are fractions of the film: y down the rows, x across the columns. The film is PA, so the patient's
 right lung is on the viewer's left. FILM_HEIGHT_CM sets the scale for sizes given in centimetres.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from devtools.findings import FINDINGS, PhantomLabels, sample_labels
+from phantoms.findings import FINDINGS, PhantomLabels, sample_labels
 
 FILM_HEIGHT_CM = 40.0
 LUNG_CX = {"right": 0.30, "left": 0.70}
@@ -286,7 +286,7 @@ def labelled_phantom(seed: int, rows: int = 512, cols: int | None = None, labels
 
 def write_labelled_set(folder: Path, count: int, *, start_seed: int = 0, rows: int = 512) -> list[Path]:
     """Films (even seeds PNG, odd seeds 12-bit DICOM), each with a sidecar `<name>.json` holding its labels."""
-    from devtools.phantoms import dicom_bytes, png_bytes, quantize
+    from phantoms.films import dicom_bytes, png_bytes, quantize
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from devtools.demo_checkpoint import teaching
-from devtools.findings import PhantomLabels, sample_labels
-from devtools.phantom_eval import TRAIN_SEED_BASE
+from demo_model import teaching
 from inference_api.contract import SYSTEM_PROMPT
+from phantoms.evaluation import TRAIN_SEED_BASE
+from phantoms.findings import PhantomLabels, sample_labels
+from phantoms.questions import FINDING_QUESTIONS
 
 IGNORE_INDEX = -100
 
@@ -93,8 +94,8 @@ class ConversationTokeniser:
 def film_image(labels_seed: int, rng: np.random.Generator):
     """The PIL image the server would hand the processor for this phantom, 8-bit as from a PNG, or a 16-bit film
     min-max stretched as the DICOM path does (half the time)."""
-    from devtools.labelled_phantoms import labelled_phantom
-    from devtools.phantoms import quantize
+    from phantoms.films import quantize
+    from phantoms.labelled import labelled_phantom
     from xray_io import Radiograph
     from xray_io.preprocess import model_input_image
     from xray_io.radiograph import to_display_uint8
@@ -245,10 +246,10 @@ def collate(processor, images, sequences: list[TokenisedConversation], image_ind
 def tokenizer_corpus(count: int = 1500) -> list[str]:
     """Every kind of text the model reads or writes, from `count` sampled label sets (the BPE's training text)."""
     from assistant.report_schema import REPORT_PROMPT
-    from devtools.demo_checkpoint.corpus import RADIOLOGY_CORPUS
+    from demo_model.corpus import RADIOLOGY_CORPUS
 
     lines = [SYSTEM_PROMPT, REPORT_PROMPT, *RADIOLOGY_CORPUS.splitlines()]
-    for questions in teaching.FINDING_QUESTIONS.values():
+    for questions in FINDING_QUESTIONS.values():
         lines.extend(questions)
     rng = np.random.default_rng(0)
     for seed in range(count):

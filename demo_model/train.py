@@ -1,7 +1,7 @@
 """Train the demo checkpoint on labelled synthetic phantoms: a tiny Gemma3ForConditionalGeneration that answers
 teaching-round questions about the film it is shown. Trained on synthetic phantoms only; not a medical model.
 
-    python -m devtools.demo_checkpoint.train --output devtools/demo_checkpoint/trained --seed 0
+    python -m demo_model.train --output demo_model/trained --seed 0
 
 Deterministic for a given seed, step count and device: fixed generators, torch.use_deterministic_algorithms, a
 fixed thread count, and a data stream that is a pure function of (seed, step). The run record (config, data seed,
@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from devtools.demo_checkpoint.auxiliary import aux_loss, make_readout
-from devtools.demo_checkpoint.build import build_config, build_model, build_processor, build_tokenizer
-from devtools.demo_checkpoint.dataset import (
+from demo_model.auxiliary import aux_loss, make_readout
+from demo_model.build import build_config, build_model, build_processor, build_tokenizer
+from demo_model.dataset import (
     IGNORE_INDEX,
     ConversationTokeniser,
     TeachingData,
@@ -116,8 +116,8 @@ def first_token_accuracy(model, processor, phantoms, device, readout=None) -> di
     a cheap figure to watch during training (the final figures come from real generation)."""
     import torch
 
-    from devtools.demo_checkpoint.teaching import FINDING_QUESTIONS
-    from devtools.findings import FINDINGS
+    from phantoms.findings import FINDINGS
+    from phantoms.questions import FINDING_QUESTIONS
 
     tokeniser = ConversationTokeniser(processor)
     yes, no = (processor.tokenizer.convert_tokens_to_ids(word) for word in ("Yes", "No"))
@@ -255,7 +255,9 @@ def hardware(device: str) -> dict:
 def git_commit() -> str | None:
     try:
         result = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "devtools"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "demo_model", "phantoms"], capture_output=True, text=True, timeout=10
+        )
         return result.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -264,7 +266,7 @@ def git_commit() -> str | None:
 def train(args: argparse.Namespace) -> dict:
     import torch
 
-    from devtools.phantom_eval import held_out_phantoms
+    from phantoms.evaluation import held_out_phantoms
 
     started = time.perf_counter()
     configure_determinism(args.seed, args.threads, args.device)
@@ -369,13 +371,13 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def save(result: dict, args: argparse.Namespace, argv: list[str]) -> Path:
-    from devtools.demo_checkpoint.build import save_checkpoint
+    from demo_model.build import save_checkpoint
 
     model = result["model"].to("cpu")
     marker = {
         "model_id": TRAINED_MODEL_ID,
         "warning": TRAINED_WARNING,
-        "trained_on": "synthetic phantoms only (devtools.labelled_phantoms); not a medical model",
+        "trained_on": "synthetic phantoms only (phantoms.labelled); not a medical model",
         "seed": args.seed,
         "training_record": RECORD_FILE,
     }
@@ -385,7 +387,7 @@ def save(result: dict, args: argparse.Namespace, argv: list[str]) -> Path:
 
 def evaluate(args: argparse.Namespace) -> dict:
     """Held-out task accuracy through the serving backend itself (real greedy generation), on CPU."""
-    from devtools.phantom_eval import held_out_phantoms, task_accuracy
+    from phantoms.evaluation import held_out_phantoms, task_accuracy
     from pytorch_backend.eager import TorchInference
 
     backend = TorchInference(args.output, device="cpu")
@@ -407,7 +409,7 @@ def held_out_record(evaluation: dict, args: argparse.Namespace) -> dict:
 
 
 def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace, argv: list[str], total_s: float):
-    reproduce = "python -m devtools.demo_checkpoint.train " + " ".join(shlex.quote(a) for a in argv)
+    reproduce = "python -m demo_model.train " + " ".join(shlex.quote(a) for a in argv)
     record = {
         "model_id": TRAINED_MODEL_ID,
         "notice": TRAINED_WARNING,
@@ -415,7 +417,7 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
         "code_commit": git_commit(),
         "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "data": {
-            "generator": "devtools.labelled_phantoms.labelled_phantom + devtools.demo_checkpoint.teaching",
+            "generator": "phantoms.labelled.labelled_phantom + demo_model.teaching",
             "data_seed": args.seed,
             "pool_films": args.pool_films,
             "conversation_variants": args.variants,
@@ -444,15 +446,13 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
 def add_evaluation(args: argparse.Namespace, argv: list[str]) -> int:
     """Held-out figures for a checkpoint trained elsewhere (the H200): real generation on this CPU, written into its
     record with the command that produced them."""
-    from devtools.phantom_eval import format_table
+    from phantoms.evaluation import format_table
 
     record_path = args.output / RECORD_FILE
     record = json.loads(record_path.read_text())
     evaluation = evaluate(args)
     record["held_out_eval"] = held_out_record(evaluation, args)
-    record["held_out_eval"]["command"] = "python -m devtools.demo_checkpoint.train " + " ".join(
-        shlex.quote(a) for a in argv
-    )
+    record["held_out_eval"]["command"] = "python -m demo_model.train " + " ".join(shlex.quote(a) for a in argv)
     record["held_out_eval"]["hardware"] = hardware("cpu")
     record_path.write_text(json.dumps(record, indent=2) + "\n")
     print(format_table({"pytorch": evaluation}))
@@ -527,7 +527,7 @@ def _train_and_save(args: argparse.Namespace, argv: list[str]) -> int:
     evaluation = evaluate(args) if args.eval_phantoms else None
     write_record(result, evaluation, args, argv, time.perf_counter() - started)
     if evaluation is not None:
-        from devtools.phantom_eval import format_table
+        from phantoms.evaluation import format_table
 
         print(format_table({"pytorch": evaluation}))
     print(f"trained demo checkpoint written to {args.output} ({TRAINED_MODEL_ID})")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from devtools.findings import FINDINGS, PhantomLabels
+from phantoms.findings import FINDINGS, PhantomLabels
 
 
 def _side(attribute: str, side: str):

@@ -12,9 +12,9 @@ import logging
 import os
 from pathlib import Path
 
-from devtools.demo_checkpoint import DEMO_MODEL_ID
-from devtools.demo_checkpoint.chat_template import GEMMA3_CHAT_TEMPLATE
-from devtools.demo_checkpoint.corpus import RADIOLOGY_CORPUS
+from demo_model import DEMO_MODEL_ID
+from demo_model.chat_template import GEMMA3_CHAT_TEMPLATE
+from demo_model.corpus import RADIOLOGY_CORPUS
 from pytorch_backend.checkpoint import DEMO_MARKER
 
 logger = logging.getLogger(__name__)

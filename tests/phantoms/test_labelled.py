@@ -10,7 +10,8 @@ import pydicom
 import pytest
 from PIL import Image
 
-from devtools.findings import (
+from phantoms.__main__ import main as phantoms_cli
+from phantoms.findings import (
     FINDINGS,
     SYNTHETIC_NOTICE,
     Effusion,
@@ -23,8 +24,7 @@ from devtools.findings import (
     Technique,
     sample_labels,
 )
-from devtools.labelled_phantoms import FILM_HEIGHT_CM, labelled_phantom, read_labels, write_labelled_set
-from devtools.phantoms import main as phantoms_cli
+from phantoms.labelled import FILM_HEIGHT_CM, labelled_phantom, read_labels, write_labelled_set
 from xray_io import load_radiograph
 
 PLAIN = PhantomLabels(seed=0, heart=Heart(0.42), technique=Technique(False, "adequate", "adequate"))

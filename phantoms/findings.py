@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from devtools.phantoms import SYNTHETIC_LABEL
+from phantoms.films import SYNTHETIC_LABEL
 
 LABELS_VERSION = 1
 SYNTHETIC_NOTICE = SYNTHETIC_LABEL

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from devtools.findings import FINDINGS
-from devtools.phantom_eval import (
+from phantoms.evaluation import (
     HELD_OUT_SEED_LIMIT,
     answer_confidence,
     compare_task_accuracy,
@@ -18,6 +17,7 @@ from devtools.phantom_eval import (
     parse_yes_no,
     summarise,
 )
+from phantoms.findings import FINDINGS
 
 
 def test_yes_no_is_read_from_the_first_word_only():

@@ -9,58 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
-from devtools.findings import FINDINGS, PhantomLabels
+from phantoms.findings import FINDINGS, PhantomLabels
+from phantoms.questions import FINDING_QUESTIONS
 
-FINDING_QUESTIONS: dict[str, tuple[str, ...]] = {
-    "pleural_effusion": (
-        "Is there a pleural effusion?",
-        "Any pleural effusion?",
-        "Are the costophrenic angles blunted?",
-        "Do you see fluid in the pleural space?",
-    ),
-    "cardiomegaly": (
-        "Is the heart enlarged?",
-        "Is there cardiomegaly?",
-        "Is the cardiac silhouette enlarged?",
-        "Is the heart big?",
-    ),
-    "pneumothorax": (
-        "Is there a pneumothorax?",
-        "Any pneumothorax?",
-        "Is there a visible pleural line?",
-        "Is the lung collapsed?",
-    ),
-    "nodule_or_mass": (
-        "Is there a lung nodule or mass?",
-        "Any nodule?",
-        "Is there a mass?",
-        "Do you see a focal round opacity?",
-    ),
-    "consolidation": (
-        "Is there consolidation?",
-        "Any consolidation?",
-        "Is there pneumonia?",
-        "Is there an airspace opacity?",
-    ),
-    "endotracheal_tube": (
-        "Is there an endotracheal tube?",
-        "Is the patient intubated?",
-        "Where is the ET tube?",
-        "Is there a breathing tube?",
-    ),
-    "central_line": (
-        "Is there a central venous line?",
-        "Is there a central line?",
-        "Where is the central line tip?",
-        "Is there a venous catheter?",
-    ),
-    "pacemaker": (
-        "Is there a pacemaker?",
-        "Any cardiac device?",
-        "Is there a pacing device?",
-        "Is there a pacemaker generator?",
-    ),
-}
 TECHNIQUE_QUESTIONS = (
     "Is this film technically adequate (rotation, inspiration, penetration)?",
     "Comment on the technique.",

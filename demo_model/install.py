@@ -1,8 +1,8 @@
 """Put the committed trained demo checkpoint where the app looks for its default model (models/medgemma-demo).
 
-    python -m devtools.demo_checkpoint.install --output models/medgemma-demo
+    python -m demo_model.install --output models/medgemma-demo
 
-No download: the checkpoint is in the repository (devtools/demo_checkpoint/trained/). An older demo checkpoint in
+No download: the checkpoint is in the repository (demo_model/trained/). An older demo checkpoint in
 the target (the random-weight one) is replaced; a folder that is not a demo checkpoint is never touched.
 """
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
-from devtools.demo_checkpoint import teaching
-from devtools.findings import FINDINGS, sample_labels
-from devtools.phantom_eval import parse_yes_no
+from demo_model import teaching
+from phantoms.evaluation import parse_yes_no
+from phantoms.findings import FINDINGS, sample_labels
+from phantoms.questions import FINDING_QUESTIONS
 
 LABELS = [sample_labels(seed) for seed in range(300)]
 
@@ -57,11 +58,11 @@ def test_training_pairs_ask_each_finding_once_and_include_the_report_prompt():
     labels = LABELS[0]
     pairs = teaching.question_answer_pairs(labels, rng)
     asked = [
-        next(f for f, qs in teaching.FINDING_QUESTIONS.items() if q in qs)
+        next(f for f, qs in FINDING_QUESTIONS.items() if q in qs)
         for q, _ in pairs[:]
         if q not in teaching.TECHNIQUE_QUESTIONS
     ]
     assert sorted(asked) == sorted(FINDINGS)
     assert teaching.overview_pairs(labels, rng)[0] == (REPORT_PROMPT, teaching.structured_report(labels))
-    canonical = [questions[0] for questions in teaching.FINDING_QUESTIONS.values()]
+    canonical = [questions[0] for questions in FINDING_QUESTIONS.values()]
     assert len(set(canonical)) == len(FINDINGS) and "Is there a pleural effusion?" in canonical

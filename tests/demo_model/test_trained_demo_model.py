@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
-from devtools.demo_checkpoint.install import TRAINED_CHECKPOINT_DIR, install_trained_checkpoint
-from devtools.demo_checkpoint.train import RECORD_FILE, TRAINED_MODEL_ID
-from devtools.phantom_eval import compare_task_accuracy, held_out_phantoms, parse_yes_no, task_accuracy
+from demo_model.install import TRAINED_CHECKPOINT_DIR, install_trained_checkpoint
+from demo_model.train import RECORD_FILE, TRAINED_MODEL_ID
 from inference_api.contract import ChatTurn, GenerationRequest, GenerationStats
+from phantoms.evaluation import compare_task_accuracy, held_out_phantoms, parse_yes_no, task_accuracy
 from pytorch_backend.checkpoint import DEMO_MARKER, weights_sha256
 
 # Ten fixed held-out phantoms (seeds 0-9; training never uses seeds below 1,000,000).
@@ -38,7 +38,7 @@ def test_the_committed_checkpoint_is_small_marked_and_recorded():
     marker = json.loads((TRAINED_CHECKPOINT_DIR / DEMO_MARKER).read_text())
     assert marker["model_id"] == TRAINED_MODEL_ID and "not a medical model" in marker["warning"]
     record = json.loads((TRAINED_CHECKPOINT_DIR / RECORD_FILE).read_text())
-    assert record["command"].startswith("python -m devtools.demo_checkpoint.train ")
+    assert record["command"].startswith("python -m demo_model.train ")
     assert record["held_out_eval"]["macro_f1"] > 0.8
 
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from devtools.findings import FINDINGS, PhantomLabels
+from phantoms.findings import FINDINGS, PhantomLabels
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,8 @@ class HeldOutPhantom:
 
 def held_out_phantoms(count: int, start_seed: int = 0, rows: int = 512) -> list[HeldOutPhantom]:
     """Phantoms never seen in training, through the serving preprocessing (8-bit, zero-pad to square, RGB)."""
-    from devtools.labelled_phantoms import labelled_phantom
-    from devtools.phantoms import quantize
+    from phantoms.films import quantize
+    from phantoms.labelled import labelled_phantom
     from xray_io import Radiograph
     from xray_io.preprocess import model_input_image
 
@@ -119,8 +119,8 @@ def task_accuracy(
     promises the same answer either way; on a CPU it makes the eight questions about five times cheaper.
     Returns {"per_finding": {finding: {...f1_counts}}, "macro_f1", "ece", "answers": [...], "phantoms", ...}.
     """
-    from devtools.demo_checkpoint.teaching import FINDING_QUESTIONS
     from inference_api.contract import ChatTurn, GenerationRequest, GenerationStats
+    from phantoms.questions import FINDING_QUESTIONS
 
     if not phantoms:
         raise ValueError("task_accuracy needs at least one held-out phantom")

@@ -1,6 +1,6 @@
 """Per-finding F1 of PyTorch and of engine bundles on the same held-out phantoms: the precision table.
 
-    python -m devtools.precision_f1_table --model_path devtools/demo_checkpoint/trained \
+    python -m benchmarks.precision_f1_table --model_path demo_model/trained \
         --bundle int8=/tmp/b/int8 --bundle fp16=/tmp/b/fp16 --phantoms 50 --start_seed 0
 
 Bundles run through ONNX Runtime on the CPU (the executor the build's gate uses where no GPU is). Prints the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from devtools.phantom_eval import format_table, held_out_phantoms, task_accuracy
     from engine_build.task_gate import MAX_NEW_TOKENS
+    from phantoms.evaluation import format_table, held_out_phantoms, task_accuracy
     from pytorch_backend.eager import TorchInference
     from trt_inference.trt_model import TRTInference
 
