@@ -11,7 +11,7 @@ import logging
 import traceback
 import uuid
 
-from assistant.case import EXAMPLE_QUESTIONS, Case
+from assistant.case import EXAMPLE_QUESTIONS, Case, case_for_film
 from engine_bundle.defaults import DEMO_NOTICE
 from serving.limits import RequestLimits
 from xray_io import ImageInputError, load_radiograph
@@ -88,25 +88,23 @@ def build_ui(service, uploads=None):
         if not file_path:
             raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         try:
-            from xray_io.preprocess import model_input_image
-
             data = uploads.take(file_path)  # the upload is deleted from disk here, before decoding
             film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
-            image = model_input_image(film)
+            case, image = case_for_film(film)  # keeps the 896-px model input and a small copy, not the film
         except (ImageInputError, NotAnUploadError, UploadGoneError) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
         for warning in film.warnings:
             gr.Warning(warning)
-        preview = image.resize((PREVIEW_SIZE, PREVIEW_SIZE))
+        preview = image.copy()  # already PREVIEW_SIZE square: the model's own input
         # Gradio caches images under a hash of their bytes and rewrites that file on every save, so two users
         # uploading the same film (common on teaching rounds) could be served a half-written preview. A unique
         # PNG text chunk gives each upload its own cache file.
         preview.info["upload"] = uuid.uuid4().hex
         notes = "\n".join(f"- ⚠️ {warning}" for warning in film.warnings)
         summary = f"**Loaded:** {film.source}, {film.shape[1]}×{film.shape[0]} px\n\n{notes}".strip()
-        return preview, summary, [], "", Case(film=film, model_image=image)
+        return preview, summary, [], "", case
 
     def ask(question: str, case: Case):
         question = (question or "").strip()

@@ -53,3 +53,14 @@ class Case:
                 content = f"{content}\n\n{details}" if details else content
             messages.append({"role": turn.role, "content": content})
         return messages
+
+
+def case_for_film(film: Radiograph) -> tuple[Case, object]:
+    """A new case for a freshly loaded film, holding only what the case needs (issue 19, section 2): the model's
+    input at the processor's size and a small copy of the film. The full-resolution pixels are not kept, so an idle
+    session costs megabytes, not the film's hundreds. Returns (case, model image); the model image is also the
+    preview the user sees."""
+    from xray_io.preprocess import case_images
+
+    images = case_images(film)
+    return Case(film=images.preview, model_image=images.model_image), images.model_image

@@ -321,9 +321,9 @@ def _decode_pixels(dataset) -> np.ndarray:
         raise
     except (RuntimeError, NotImplementedError, ImportError) as exc:
         # pydicom says RuntimeError when no plugin is installed; a half-installed plugin raises ImportError.
-        if syntax.is_compressed and (
-            isinstance(exc, ImportError) or "plugin" in str(exc).lower() or "decod" in str(exc).lower()
-        ):
+        # "missing dependencies": pydicom found no usable plugin. "raised by all available plugins": decoders ran
+        # and refused the data (an RLE frame with too little data, say), which is damage, not a missing package.
+        if syntax.is_compressed and (isinstance(exc, ImportError) or not _decoder_available(syntax)):
             package = CODEC_PACKAGES.get(str(syntax), "a pydicom pixel-data plugin")
             raise MissingCodecError(
                 f"The pixel data is compressed as {syntax.name}, and no installed decoder can read it. "
@@ -345,6 +345,15 @@ def _decode_pixels(dataset) -> np.ndarray:
             "Export the film again from the PACS."
         )
     return pixels
+
+
+def _decoder_available(syntax) -> bool:
+    from pydicom.pixels import get_decoder
+
+    try:
+        return get_decoder(syntax).is_available
+    except (NotImplementedError, ValueError):  # a syntax pydicom has no decoder for at all
+        return False
 
 
 def _value_transform(dataset, warnings: list[str]):

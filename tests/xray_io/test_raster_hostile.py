@@ -46,3 +46,20 @@ def test_a_phone_mpo_reads_its_first_image_with_a_warning():
     assert film.shape == (256, 256)
     assert any("holds 2 images (MPO" in warning and "first was read" in warning for warning in film.warnings)
     assert film.source.startswith("JPEG")
+
+
+def test_an_rle_frame_with_too_little_data_is_damage_not_a_missing_package():
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    from devtools.hostile_files import _save_with_fragments
+    from phantoms.films import chest_phantom, dicom_bytes, quantize
+    from xray_io import CorruptImageError
+
+    data = dicom_bytes(quantize(chest_phantom(128, 112, seed=1), 12), bits_stored=12, transfer_syntax="rle-lossless")
+    frame = bytes(next(generate_frames(pydicom.dcmread(io.BytesIO(data)).PixelData, number_of_frames=1)))
+    short = _save_with_fragments(pydicom.dcmread(io.BytesIO(data)), [frame[: len(frame) // 2]])
+    with pytest.raises(CorruptImageError) as refused:
+        load_radiograph(short)
+    assert "install" not in str(refused.value).lower()
+    assert "truncated or damaged" in str(refused.value)
