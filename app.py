@@ -51,12 +51,14 @@ def build_ui(service, uploads=None):
     from assistant.report_export import remove_report_files, report_markdown, write_report_files
     from inference_api.errors import RequestError
     from inference_api.types import GenerationStats
+    from serving.answer_lock import AnswerLocks
     from serving.service import ServiceUnavailable
     from serving.upload_cache import NotAnUploadError, UploadGoneError, UploadInbox
 
     settings = service.settings
     max_tokens = settings.max_new_tokens
     limits = RequestLimits.from_settings(settings)
+    answering = AnswerLocks()
     if uploads is None:
         from gradio.utils import get_upload_folder
 
@@ -116,8 +118,9 @@ def build_ui(service, uploads=None):
         answer, stats = "", GenerationStats()
         try:
             limits.check_question(len(case.turns) // 2, question)
-            for answer in service.stream_answer(case.ask(question, max_tokens), stats):
-                yield history + [{"role": "assistant", "content": answer}], "", case
+            with answering.hold(case.conversation_id):  # a second question while one streams: "wait"
+                for answer in service.stream_answer(case.ask(question, max_tokens), stats):
+                    yield history + [{"role": "assistant", "content": answer}], "", case
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
@@ -134,8 +137,9 @@ def build_ui(service, uploads=None):
         hidden = gr.update(value=None, visible=False)
         text, stats = "", GenerationStats()
         try:
-            for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
-                yield text, hidden, hidden, None
+            with answering.hold(case.conversation_id):
+                for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
+                    yield text, hidden, hidden, None
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:

@@ -79,6 +79,7 @@ class Settings:
     max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
     max_files_per_request: int = 4  # files in one call to the upload route (the UI sends one)
     upload_cache_max_mb: int = 512  # bytes kept in the upload cache at once; an upload past it is refused (507)
+    upload_max_age_s: int = 120  # an upload nobody read within this is deleted (the UI reads it at once)
     memory_max_mb: int = 0  # the systemd unit's MemoryMax (MemoryHigh at 90%); 0: no limit
     log_repeats_per_minute: int = 120  # records from one log call kept per minute beyond a burst; the rest are
     #   counted and summarised, so a flood cannot rotate earlier lines away
@@ -136,6 +137,7 @@ class Settings:
         _in_range("MAX_CONNECTIONS", self.max_connections, 16, 1_000_000)
         _in_range("MAX_FILES_PER_REQUEST", self.max_files_per_request, 1, 1000)
         _in_range("UPLOAD_CACHE_MAX_MB", self.upload_cache_max_mb, 16, 1 << 20)
+        _in_range("UPLOAD_MAX_AGE_S", self.upload_max_age_s, 10, 86_400)
         _in_range("MEMORY_MAX_MB", self.memory_max_mb, 0, 1 << 24)
         if 0 < self.memory_max_mb < 2048:
             raise SettingsError(f"MEMORY_MAX_MB must be 0 (no limit) or at least 2048, got {self.memory_max_mb}")
