@@ -68,7 +68,25 @@ class SoakRecord:
             "rss_max_mib": max(value for _, value in self.rss) if self.rss else None,
             "growth_window_min": round(window_s / 60, 1),
             "rss_growth_mib_per_min": growth_per_minute(self.rss, window_s),
+            "pytorch_phases": self.phases("pytorch"),
         }
+
+    def phases(self, mode: str) -> list[dict]:
+        """RSS in each stretch served by `mode` (between switches), from its second half: TensorRT loads and
+        unloads swing RSS by hundreds of MiB, so growth is judged like for like, PyTorch phase against PyTorch
+        phase, as well as by the overall slope."""
+        edges = [0.0] + [s["at_s"] for s in self.switches] + [self.elapsed_s]
+        modes = ["pytorch"] + [s["to"] for s in self.switches]
+        found = []
+        for start, end, phase_mode in zip(edges, edges[1:], modes, strict=False):
+            if phase_mode != mode:
+                continue
+            tail = sorted(v for t, v in self.rss if (start + end) / 2 <= t <= end)
+            if tail:
+                found.append(
+                    {"from_min": round(start / 60, 1), "to_min": round(end / 60, 1), "median_mib": tail[len(tail) // 2]}
+                )
+        return found
 
     def write(self, folder: Path) -> None:
         body = {"summary": self.summary(), **self.__dict__}
@@ -200,6 +218,8 @@ def markdown(record: SoakRecord) -> str:
             f"{s['rss_growth_mib_per_min']} MiB/min (target <= {TARGET_GROWTH_MIB_PER_MIN})",
         ),
     ]
+    phases = ", ".join(f"{p['median_mib']:.0f} ({p['from_min']:g}-{p['to_min']:g} min)" for p in s["pytorch_phases"])
+    rows.append(("RSS median in each PyTorch phase (MiB)", phases or "-"))
     lines = ["| figure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
     if record.failures:
         lines += ["", "Failures (first 10):", *(f"- at {t} s: {text}" for t, text in record.failures[:10])]
@@ -216,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-switch", action="store_true", help="PyTorch only (no bundle built)")
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "test-artifacts" / "soak")
+    parser.add_argument("--report-only", type=Path, help="redraw soak.md and soak.png from this soak.json")
     args = parser.parse_args(argv)
+    if args.report_only is not None:
+        return report_only(args.report_only, args.output_dir.resolve())
 
     from devtools.loadtest import _free_port, rss_bytes
     from phantoms.films import chest_phantom, dicom_bytes, quantize
@@ -303,6 +326,19 @@ def main(argv: list[str] | None = None) -> int:
     growth = summary["rss_growth_mib_per_min"]
     ok = not record.failures and not summary["switches_failed"]
     return 0 if ok and growth is not None and growth <= TARGET_GROWTH_MIB_PER_MIN else 1
+
+
+def report_only(source: Path, output: Path) -> int:
+    """Re-render a finished (or cut-short) run's table and plot from its JSON."""
+    body = json.loads(source.read_text())
+    body.pop("summary", None)
+    record = SoakRecord(**{key: value for key, value in body.items()})
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "soak.md").write_text(markdown(record))
+    plot(record, output / "soak.png")
+    record.write(output)
+    print(markdown(record))
+    return 0
 
 
 if __name__ == "__main__":
