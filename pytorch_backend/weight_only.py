@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engine_bundle.defaults import FAST_PATH_WEIGHT_FORMATS
+
+WEIGHT_FORMATS = FAST_PATH_WEIGHT_FORMATS
 INT8_MAX = 127.0
 FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
 # The largest relative reconstruction error ||dequantised row - row|| / ||row|| a correct per-channel quantisation
