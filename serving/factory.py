@@ -39,6 +39,8 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
             max_resident_conversations=settings.max_resident_conversations,
             slots=settings.kv_slots,
             max_sequence=settings.max_sequence,
+            weights=settings.fast_path_weights,
+            fused_step=settings.fast_path_fused_step,
         )
     from pytorch_backend.eager import TorchInference
 
