@@ -81,10 +81,16 @@ class SoakRecord:
         for start, end, phase_mode in zip(edges, edges[1:], modes, strict=False):
             if phase_mode != mode:
                 continue
-            tail = sorted(v for t, v in self.rss if (start + end) / 2 <= t <= end)
+            inside = [(t, v) for t, v in self.rss if (start + end) / 2 <= t <= end]
+            tail = sorted(v for _, v in inside)
             if tail:
                 found.append(
-                    {"from_min": round(start / 60, 1), "to_min": round(end / 60, 1), "median_mib": tail[len(tail) // 2]}
+                    {
+                        "from_min": round(start / 60, 1),
+                        "to_min": round(end / 60, 1),
+                        "median_mib": tail[len(tail) // 2],
+                        "slope_mib_per_min": growth_per_minute(inside, end - start),
+                    }
                 )
         return found
 
@@ -220,6 +226,8 @@ def markdown(record: SoakRecord) -> str:
     ]
     phases = ", ".join(f"{p['median_mib']:.0f} ({p['from_min']:g}-{p['to_min']:g} min)" for p in s["pytorch_phases"])
     rows.append(("RSS median in each PyTorch phase (MiB)", phases or "-"))
+    slopes = ", ".join(str(p["slope_mib_per_min"]) for p in s["pytorch_phases"])
+    rows.append(("RSS slope within each PyTorch phase, second half (MiB/min)", slopes or "-"))
     lines = ["| figure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
     if record.failures:
         lines += ["", "Failures (first 10):", *(f"- at {t} s: {text}" for t, text in record.failures[:10])]
