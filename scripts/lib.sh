@@ -47,7 +47,7 @@ secure_log_dir() {
   if [[ ! -e "${LOG_DIR}" ]]; then
     [[ "${create}" == create ]] || return 0
     mkdir -p -- "$(dirname -- "${LOG_DIR}")"
-    mkdir -m 0700 -- "${LOG_DIR}"
+    mkdir -m 0700 -- "${LOG_DIR}" 2>/dev/null || [[ -d "${LOG_DIR}" ]] || die_config "cannot create LOG_DIR ${LOG_DIR}"
   fi
   [[ -d "${LOG_DIR}" ]] || die_config "LOG_DIR ${LOG_DIR} is not a folder"
   owner=$(stat -c %u -- "${LOG_DIR}")
