@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from pytorch_backend.decode_attention import write_decode_attention
-from pytorch_backend.weight_only import WEIGHT_FORMATS, QuantizedWeight, quantize_weight, weight_only_linear
+from pytorch_backend.weight_only import (
+    WEIGHT_FORMATS,
+    QuantizedWeight,
+    quantize_weight,
+    weight_only_gelu_glu,
+    weight_only_linear,
+    weight_only_linear_split,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +191,9 @@ class FusedDecodeStep:
         d = self.decoder
         heads, kv_heads, dim, eps = d.heads, d.kv_heads, d.head_dim, d.eps
         batch = x.shape[0]
-        q, k, v = _linear(_rms_norm(x, input_norm, eps), qkv, qkv_scale).split(
+        one_row = batch == 1 and qkv_scale is not None  # the 8-bit GEMV path (batch is specialised at 1)
+        linear = _linear_split if one_row else _linear
+        q, k, v = linear(_rms_norm(x, input_norm, eps), qkv, qkv_scale).split(
             [heads * dim, kv_heads * dim, kv_heads * dim], dim=-1
         )
         cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
@@ -196,12 +205,14 @@ class FusedDecodeStep:
         attended = fused_write_attention(
             q, k, v.view(batch, kv_heads, dim), k_cache, v_cache, slots, positions, window, d.scale
         )
-        x = x + _rms_norm(_linear(attended.reshape(batch, -1), o, o_scale), post_attention_norm, eps)
+        x = x + _rms_norm(linear(attended.reshape(batch, -1), o, o_scale), post_attention_norm, eps)
         h = _rms_norm(x, pre_feedforward_norm, eps)
-        gate, up = _linear(h, gate_up, gate_up_scale).split(d.intermediate, dim=-1)
-        return x + _rms_norm(
-            _linear(F.gelu(gate, approximate="tanh") * up, down, down_scale), post_feedforward_norm, eps
-        )
+        if one_row:
+            activated = weight_only_gelu_glu(h, gate_up, gate_up_scale)  # gate/up and the GeLU in one kernel
+        else:
+            gate, up = _linear(h, gate_up, gate_up_scale).split(d.intermediate, dim=-1)
+            activated = F.gelu(gate, approximate="tanh") * up
+        return x + _rms_norm(linear(activated, down, down_scale), post_feedforward_norm, eps)
 
     def _logits(self, x, lm_head, lm_head_scale):
         d = self.decoder
@@ -221,6 +232,12 @@ def _linear(x, weight, scale):
     if scale is None:
         return x @ weight.T
     return weight_only_linear(x, weight, scale)
+
+
+def _linear_split(x, weight, scale):
+    """8-bit, one row: the split-K GEMV's fp32 partials, summed here so that the compiled graph folds the sum (and
+    the cast to x's dtype, as the unsplit kernel's output) into the kernel that consumes the product."""
+    return weight_only_linear_split(x, weight, scale).sum(0).to(x.dtype)
 
 
 def _rms_norm(x, weight, eps: float):
