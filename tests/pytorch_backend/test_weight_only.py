@@ -47,6 +47,7 @@ def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arr
 interpreter._patch_lang_tensor = _patch_index
 from pytorch_backend.weight_only import quantize_weight, reference_weight_only_linear, triton_weight_only_linear
 from pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
+from pytorch_backend.decode_attention import write_decode_attention_rope
 from pytorch_backend.weight_only import SPLITS, reference_gelu_glu, triton_gemv
 torch.manual_seed(0)
 worst = 0.0
@@ -87,6 +88,18 @@ for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2)
     produced = triton_decode_attention(q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v)
     worst = max(worst, (expected - produced).abs().max().item())
     assert torch.equal(k_cache.nan_to_num(), k_ref.nan_to_num()) and torch.equal(v_cache.nan_to_num(), v_ref.nan_to_num())
+    # raw projections: per-head norm and rotary inside the kernel (the 8-bit step), against the torch reference
+    q_norm, k_norm = torch.randn(dim) * 0.3, torch.randn(dim) * 0.3
+    cos_table, sin_table = torch.randn(96, dim), torch.randn(96, dim)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    args = (slots, positions, q_norm, k_norm, cos_table, sin_table, 1e-6, window, 0.17)
+    expected = write_decode_attention_rope(q, k, v, k_ref, v_ref, *args)
+    rope = (q_norm, k_norm, cos_table, sin_table, 1e-6)
+    produced = triton_decode_attention(
+        q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v, rope=rope
+    )
+    worst = max(worst, (expected - produced).abs().max().item())
+    assert torch.allclose(k_cache.nan_to_num(), k_ref.nan_to_num(), atol=1e-5)
 print("WORST", worst)
 """
 
