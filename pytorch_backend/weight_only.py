@@ -242,9 +242,9 @@ CONFIGS = tuple(
 
 # The GEMV's candidates. Compile time matters (each is compiled on the GPU host at first use): SPLIT is a run-time
 # argument, so the four split counts share one compiled kernel per block shape.
-GEMV_BLOCKS = tuple((block_n, block_k) for block_n in (8, 16, 32) for block_k in (256, 512))
+GEMV_BLOCKS = ((8, 512), (16, 256), (16, 512), (32, 256))  # fp32 accumulators: 32-64 registers a thread
 GEMV_SPLITS = (1, 2, 4, 8)
-GLU_BLOCKS = tuple((block_n, block_k, warps) for block_n in (8, 16) for block_k in (256, 512) for warps in (4, 8))
+GLU_BLOCKS = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8))  # two accumulators: 8 warps at the largest
 
 
 @functools.cache
