@@ -210,7 +210,7 @@ def main() -> int:
     from phantoms.films import chest_phantom, png_bytes, quantize
     from pytorch_backend.fast import FastTorchInference
     from pytorch_backend.fused_step import FusedDecodeStep
-    from pytorch_backend.weight_gate import teacher_forced_agreement
+    from pytorch_backend.weight_gate import teacher_forced_agreements
     from serving.settings import DEMO_MODEL_DIR
     from xray_io import load_radiograph
     from xray_io.preprocess import model_input_image
@@ -332,14 +332,14 @@ def main() -> int:
     ]
 
     def agreement() -> dict:
-        reference = steps["fused_bf16"]
-        table = {}
-        for weights in ("int8", "fp8"):
-            short = teacher_forced_agreement(fast, reference, steps[f"fused_{weights}"], requests, args.tokens)
-            table[weights] = {"short": short.as_dict()}
-            if long_requests:
-                long = teacher_forced_agreement(fast, reference, steps[f"fused_{weights}"], long_requests, args.tokens)
-                table[weights]["long"] = long.as_dict()
+        reference, formats = steps["fused_bf16"], ("int8", "fp8")
+        candidates = [steps[f"fused_{weights}"] for weights in formats]
+        short = teacher_forced_agreements(fast, reference, candidates, requests, args.tokens)
+        table = {weights: {"short": record.as_dict()} for weights, record in zip(formats, short, strict=True)}
+        if long_requests:
+            long = teacher_forced_agreements(fast, reference, candidates, long_requests, args.tokens)
+            for weights, record in zip(formats, long, strict=True):
+                table[weights]["long"] = record.as_dict()
         return table
 
     section("agreement", 60, agreement)
