@@ -342,7 +342,7 @@ def main() -> int:
                 table[weights]["long"] = record.as_dict()
         return table
 
-    section("agreement", 60, agreement)
+    section("agreement", 30, agreement)
 
     ttft_question = QUESTIONS[9] + " Cover the lungs, pleura, heart, mediastinum, bones and any devices." * 6
 
