@@ -243,7 +243,9 @@ class FusedDecodeStep:
         one_row = batch == 1 and qkv_scale is not None  # the 8-bit GEMV path (batch is specialised at 1)
         linear = _linear_split if one_row else _linear
         h = normed if normed is not None else _rms_norm(x, input_norm, eps)
-        q, k, v = linear(h, qkv, qkv_scale).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        # qkv unsplit: the H200 profile (2026-12-01) showed the split partials' sum plus one copy each for q, k
+        # and v (four kernels a layer) in front of the attention op, and int8 chose no split for it anyway
+        q, k, v = _linear(h, qkv, qkv_scale).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
         window = d.window if sliding else 0
         q, k, v = q.view(batch, heads, dim), k.view(batch, kv_heads, dim), v.view(batch, kv_heads, dim)
         if qkv_scale is not None:  # 8-bit: q/k norm and rotary inside the attention kernel (two kernels fewer)
@@ -290,8 +292,8 @@ def _linear(x, weight, scale):
 
 
 def _linear_split(x, weight, scale):
-    """8-bit, one row: the split-K GEMV's fp32 partials, summed here so that the compiled graph folds the sum (and
-    the cast to x's dtype, as the unsplit kernel's output) into the kernel that consumes the product."""
+    """8-bit, one row: the split-K GEMV's fp32 partials, summed in the compiled graph (and cast to x's dtype, as
+    the unsplit kernel's output). On the H200 Inductor gave the sum a kernel of its own (2026-12-01)."""
     return weight_only_linear_split(x, weight, scale).sum(0).to(x.dtype)
 
 

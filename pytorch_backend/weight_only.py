@@ -18,9 +18,10 @@ the padded tl.dot above read the per-layer matrices at about 2.1 TB/s on the H20
 because a 2,560-row matrix gives it 40-160 programs for 132 SMs and each program's int8 tile goes through a
 layout conversion before the tensor cores. The GEMV instead multiplies in fp32 registers (w * x, summed over K
 at the end) and splits K across programs:
-- `weight_only_linear_split` -> (SPLITS, 1, n) fp32 partial sums that the caller adds (in the compiled graph, so
-  the sum lands in the next norm's kernel); the split count actually used (1, 2, 4 or 8; the other rows are
-  written as zeros) is autotuned per shape along with the block sizes;
+- `weight_only_linear_split` -> (SPLITS, 1, n) fp32 partial sums that the caller adds in its compiled graph; the
+  split count actually used (1, 2, 4 or 8; the other rows are written as zeros) is autotuned per shape along with
+  the block sizes. Measured on the H200 (2026-12-01): Inductor runs that sum as a kernel of its own (one more per
+  split product), not inside the next norm's kernel; folding it into the GEMV is the next step;
 - `weight_only_gelu_glu` -> gelu_tanh(x @ gate.T) * (x @ up.T) from the fused (2I, in) gate/up matrix, one
   kernel reading both halves, no (2I,) intermediate and no separate activation kernel;
 - `weight_only_linear` at one row (the vocabulary projection) -> the GEMV without split, output in x's dtype.
@@ -325,6 +326,10 @@ def _kernels():
         hi = tl.minimum(lo + per_split, k)
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        # int8 widens without the conversion unit: the H200 run (2026-12-01) showed the int8 GEMV at ~2.1 TB/s
+        # with one I2F per weight in its SASS, while the same kernel over fp8 (packed F2FP conversions) was
+        # faster. x + 128 (the sign bit flipped) in the low mantissa bits of 2^23 is the float 2^23 + x + 128,
+        # exactly; one integer OR and one float add give x (FasterTransformer's int8 trick).
         for start in range(lo, hi, BLOCK_K):
             ks = start + inner
             if EVEN_K:  # no mask along K: the compiler can then prove 16 contiguous bytes and load them at once
@@ -335,10 +340,20 @@ def _kernels():
                 xv = tl.load(x + ks, mask=k_ok, other=0.0).to(tl.float32)
                 mask = col_ok[:, None] & k_ok[None, :]
             wt = tl.load(w + cols[:, None] * w_n + ks[None, :], mask=mask, other=0.0)
-            acc += wt.to(tl.float32) * xv[None, :]
+            if wt.dtype == tl.int8:
+                wf = ((wt.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint32) | 0x4B000000).to(tl.float32, bitcast=True)
+                wf = wf - 8388736.0
+            else:
+                wf = wt.to(tl.float32)
+            acc += wf * xv[None, :]
             if GLU:
                 ut = tl.load(w + (cols + n)[:, None] * w_n + ks[None, :], mask=mask, other=0.0)
-                acc_up += ut.to(tl.float32) * xv[None, :]
+                if ut.dtype == tl.int8:
+                    uf = (ut.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint32) | 0x4B000000
+                    uf = uf.to(tl.float32, bitcast=True) - 8388736.0
+                else:
+                    uf = ut.to(tl.float32)
+                acc_up += uf * xv[None, :]
         y = tl.sum(acc, 1)
         if HAS_SCALE:
             y = y * tl.load(scale + cols, mask=col_ok, other=0.0)

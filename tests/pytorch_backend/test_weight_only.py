@@ -181,3 +181,33 @@ def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
 
     ptx = compiled.asm["ptx"]
     assert "ld.global.v4.b32" in ptx and "ld.global.b8" not in ptx, "the weight rows must load 16 bytes at a time"
+
+
+def test_int8_gemv_widens_without_the_conversion_unit(tmp_path):
+    """The int8 GEMV's SASS has no I2F (one per weight, a quarter-rate unit, in the kernel measured on the H200 on
+    2026-12-01 at ~2.1 TB/s): the weights widen through integer and fp32 adds instead."""
+    import os
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pytorch_backend.weight_only import _kernels
+
+    signature = {
+        **{"x": "*bf16", "w": "*i8", "scale": "*fp32", "out": "*fp32"},
+        **dict.fromkeys(["n", "k", "w_n", "SPLIT"], "i32"),
+        **dict.fromkeys(["HAS_SCALE", "GLU", "S_MAX", "BLOCK_N", "BLOCK_K", "EVEN_K"], "constexpr"),
+    }
+    sizes = {"HAS_SCALE": True, "GLU": False, "S_MAX": 8, "BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": True}
+    compiled = triton.compile(
+        ASTSource(fn=_kernels().raw_gemv, signature=signature, constexprs=sizes),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
+    cubin = tmp_path / "gemv.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert sass.count("FFMA") >= 32  # 8 x 512 weights over 128 threads: 32 products a thread per step
+    assert sass.count("I2F") < 8, "one I2F per weight"  # a few remain for the split arithmetic (integer division)
