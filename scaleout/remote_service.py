@@ -29,7 +29,10 @@ REPLICA_LOST = (
 
 
 def routing_key(request: GenerationRequest) -> str | None:
-    return request.conversation_id or request.image_key
+    """The conversation id: its KV lives on one replica. A request without one is spread by Serve's router: the
+    replicas keep no image or prefix cache across conversations yet, so pinning a film to one replica would only
+    pile a class asking about one film onto one GPU."""
+    return request.conversation_id
 
 
 def unwrap_replica_error(exc: BaseException) -> BaseException:

@@ -1,8 +1,8 @@
 """Conversation affinity through Ray Serve's own request-routing hook (a RequestRouter subclass): a request goes
 to the replica that holds its conversation's KV state.
 
-The routing key is a keyword argument of the call (`routing_key`): the conversation id, or the film's content hash
-when a request has no conversation (a class asking about one film then shares that replica's image cache).
+The routing key is a keyword argument of the call (`routing_key`): the conversation id (the caller may pass any
+stable key, e.g. a film's content hash, once replicas share an image cache across conversations).
 - A key seen before goes to the replica it went to last, while that replica is alive.
 - A new key, or one whose replica died, goes to the replica chosen by rendezvous hashing over the live replicas
   (highest hash of key + replica id): every ingress and every process picks the same one without shared state, and

@@ -288,7 +288,7 @@ def logprob_entries(stats: GenerationStats, start: int, end: int, top: int) -> l
     return entries
 
 
-def extension(stats: GenerationStats, call: ChatCall, replica: str | None) -> dict:
+def extension(stats: GenerationStats, call: ChatCall, replica: str | None, received: float | None = None) -> dict:
     from assistant.confidence import answer_confidence
 
     confidence = answer_confidence(stats.token_ids, stats.token_logprobs, stats.token_texts)
@@ -298,6 +298,10 @@ def extension(stats: GenerationStats, call: ChatCall, replica: str | None) -> di
         "decoding": "greedy",
         "warnings": list(call.warnings),
     }
+    times = stats.token_times
+    if received is not None and times:  # this server's clock: from the request's arrival to the first token
+        result["ttft_s"] = times[0] - received
+        result["decode_ms_per_token"] = (times[-1] - times[0]) / (len(times) - 1) * 1e3 if len(times) > 1 else None
     if replica is not None:
         result["replica"] = replica
     return result
@@ -466,6 +470,7 @@ def add_openai_routes(api, service, auth: Callable[[str, str], bool] | None = No
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        received = time.perf_counter()
         try:
             user = bearer.user(request.headers.get("authorization"))
             body = await _read_json(request, max_body)
@@ -526,7 +531,7 @@ def add_openai_routes(api, service, auth: Callable[[str, str], bool] | None = No
                 "model": model_name,
                 "choices": [choice],
                 "usage": usage(stats),
-                "medgemma": extension(stats, call, getattr(stats, "replica", replica)),
+                "medgemma": extension(stats, call, getattr(stats, "replica", replica), received),
             }
 
         async def events() -> Iterator[bytes]:
@@ -557,7 +562,7 @@ def add_openai_routes(api, service, auth: Callable[[str, str], bool] | None = No
                         sent = text
                     text = await next_text()
                 start, end = cursor.release(len(sent), final=True)
-                medgemma = extension(stats, call, getattr(stats, "replica", replica))
+                medgemma = extension(stats, call, getattr(stats, "replica", replica), received)
                 yield chunk(
                     {},
                     stats.finish_reason or "stop",
