@@ -257,13 +257,54 @@ def parse_chat_request(
     )
 
 
-def film_loader(settings) -> Callable[[bytes], tuple]:
-    """bytes -> (the model's input image, the film's warnings, a content hash of that image)."""
+FILM_CACHE_BYTES = 256 << 20  # decoded films kept for clients that resend them (follow-ups, a class on one film)
+
+
+class DecodedFilms:
+    """Decoded films by a hash of the bytes the client sent: an OpenAI client resends the film with every follow-up,
+    and decoding it (base64, PNG/DICOM, padding, hashing) is what made the API's TTFT longer than the UI's, which
+    decodes once at upload. Least recently used first out, bounded by the decoded images' bytes."""
+
+    def __init__(self, max_bytes: int = FILM_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._films: OrderedDict[str, tuple] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple | None:
+        with self._lock:
+            film = self._films.get(key)
+            if film is not None:
+                self._films.move_to_end(key)
+            return film
+
+    def put(self, key: str, film: tuple) -> None:
+        size = film[0].width * film[0].height * len(film[0].getbands())
+        if size > self.max_bytes:
+            return
+        with self._lock:
+            if key in self._films:
+                return
+            self._films[key] = film
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (image, *_rest) = self._films.popitem(last=False)
+                self._bytes -= image.width * image.height * len(image.getbands())
+
+
+def film_loader(settings, cache: DecodedFilms | None = None) -> Callable[[bytes], tuple]:
+    """bytes -> (the model's input image, the film's warnings, a content hash of that image). The image is shared
+    between requests that sent the same bytes: read it, never change it."""
+    cache = cache if cache is not None else DecodedFilms()
 
     def load(data: bytes) -> tuple:
         from xray_io import ImageInputError, load_radiograph
         from xray_io.preprocess import model_input_image
 
+        key = hashlib.sha256(data).hexdigest()
+        cached = cache.get(key)
+        if cached is not None:
+            return cached
         try:
             film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
         except ImageInputError as exc:
@@ -271,7 +312,9 @@ def film_loader(settings) -> Callable[[bytes], tuple]:
             too_large = type(exc).__name__ == "ImageTooLargeError"
             raise ApiError(413 if too_large else 400, str(exc), param="messages", code="invalid_image") from None
         image = model_input_image(film)
-        return image, film.warnings, hashlib.sha256(image.tobytes()).hexdigest()
+        loaded = (image, film.warnings, hashlib.sha256(image.tobytes()).hexdigest())
+        cache.put(key, loaded)
+        return loaded
 
     return load
 
