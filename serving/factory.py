@@ -39,6 +39,8 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
             max_resident_conversations=settings.max_resident_conversations,
             slots=settings.kv_slots,
             max_sequence=settings.max_sequence,
+            prefix_cache_gib=settings.prefix_cache_gib,
+            image_cache_gib=settings.image_cache_gib,
         )
     from pytorch_backend.eager import TorchInference
 

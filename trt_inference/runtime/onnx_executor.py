@@ -1,7 +1,8 @@
 """Runs a bundle's ONNX graphs (the same graphs TensorRT builds from, Q/DQ included) with ONNX Runtime on CPU.
 
 This is how CI and CPU hosts exercise the exact graphs of an engine bundle. Same sequence API as the TensorRT
-executor: slots lent with a timeout, run / truncate / past_length, vision batches split by max_batch.
+executor: slots lent with a timeout, run / truncate / past_length, vision batches split by max_batch. Decode
+steps of several sequences run as one batch (`decode_batch`): pasts padded to one length with masked keys.
 """
 
 from __future__ import annotations
@@ -59,6 +60,40 @@ class OnnxRuntimeExecutor:
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         return self.sessions["embed"].run(None, {"input_ids": input_ids.astype(np.int64)})[0]
+
+    def decode_batch(self, sequences: list[OnnxSequence], inputs_embeds: np.ndarray, sliding_window: int) -> np.ndarray:
+        """One new token for each sequence in ONE decoder run with a batch axis; float32 logits (batch, vocab).
+
+        Each row's past is padded to the longest past with masked keys (key position -1, as the dead slot), and
+        its position is its own past length, so a row sees exactly its own tokens: the same logits as running it
+        alone, up to the floating-point order of a batched matrix product."""
+        from engine_bundle.masks import attention_masks
+
+        batch = len(sequences)
+        pasts = [sequence.past_length for sequence in sequences]
+        longest = max(pasts)
+        positions = np.asarray(pasts, dtype=np.int64)[:, None]
+        key_positions = np.full((batch, longest + 2), -1, dtype=np.int64)
+        for row, past in enumerate(pasts):
+            key_positions[row, 1 : 1 + past] = np.arange(past)
+        key_positions[:, -1] = positions[:, 0]
+        full, sliding = attention_masks(positions, key_positions, sliding_window)
+        feeds = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
+        feeds["full_mask"], feeds["sliding_mask"] = full, sliding
+        for index, name in enumerate(self.kv_input_names):
+            padded = np.zeros((batch, self.kv_heads, longest + 1, self.head_dim), dtype=np.float32)
+            for row, sequence in enumerate(sequences):
+                if sequence.kv is not None:
+                    padded[row, :, : pasts[row] + 1] = sequence.kv[index][0]
+            feeds[name] = padded
+        logits, *presents = self.sessions["decoder"].run(None, feeds)
+        for row, sequence in enumerate(sequences):
+            keep = pasts[row] + 1
+            sequence.kv = [
+                np.concatenate([present[row : row + 1, :, :keep], present[row : row + 1, :, -1:]], axis=2)
+                for present in presents
+            ]
+        return logits[:, -1].astype(np.float32)
 
     def new_sequence(self, timeout_s: float | None = DEFAULT_SLOT_TIMEOUT_S) -> OnnxSequence:
         """A sequence on a free slot; raises inference_api.errors.NoFreeSlotError if none frees up in time."""
