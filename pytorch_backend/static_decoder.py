@@ -265,6 +265,9 @@ class StaticGemmaDecoder:
         each other. Returns the logits (len(logit_segments), vocab) of the last token of each listed segment."""
         x = embeds.to(self.dtype)
         positions = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in segments])
+        lone_token = x.shape[0] == 1
+        if lone_token:  # a compiler specialises size 1: pad to 2 rows rather than recompile while serving
+            x, positions = x.repeat(2, 1), positions.repeat(2)
         bounds, offset = [], 0
         for segment in segments:
             bounds.append((offset, offset + segment.end - segment.start))
@@ -292,6 +295,8 @@ class StaticGemmaDecoder:
                     )  # (1, heads, n, dim)
                 outputs.append(attended[0].transpose(0, 1).reshape(b - a, -1))
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            if lone_token:
+                attended = attended.repeat(2, 1)
             x = self.prefill_out(
                 x,
                 attended,
