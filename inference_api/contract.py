@@ -387,6 +387,15 @@ class InferenceBackend(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
+    # A backend is a context manager, as Polygraphy's runners are: `with create_backend(...) as backend:` closes it
+    # on every way out, so callers need no try/finally around close().
+    def __enter__(self) -> InferenceBackend:
+        self.check_health()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     # --- bookkeeping ---------------------------------------------------------------------------------------------
     def _accept(self, generation: Generation, step: TokenStep) -> None:
         stats = generation.stats

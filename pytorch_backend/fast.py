@@ -53,7 +53,10 @@ class FastTorchInference(TorchInference):
         preloaded: tuple | None = None,
         prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB,
         image_cache_gib: float = DEFAULT_IMAGE_CACHE_GIB,
+        weights: str = "bf16",
+        fused_step: bool = False,
     ) -> None:
+        self.weights = weights
         super().__init__(model_path, device, max_resident_conversations, preloaded)
         from pytorch_backend.static_decoder import StaticGemmaDecoder
 
@@ -67,6 +70,11 @@ class FastTorchInference(TorchInference):
         self.max_batch = max(b for b in batch_buckets if b <= slots) if slots >= 1 else 1
         self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
         self._step = self.decoder.decode
+        self.fused = None  # issue 21: the fused-KV-write step, and the 8-bit weight mode (pytorch_backend/fused_step)
+        if fused_step or weights != "bf16":
+            from pytorch_backend.fused_step import FusedDecodeStep
+
+            self.fused = FusedDecodeStep(self.decoder, weights)
         self._graphs = None
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
         self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), self.image_cache._size_of)
@@ -181,6 +189,10 @@ class FastTorchInference(TorchInference):
     # --- start-up: compile and capture before readiness ----------------------------------------------------------
     def _warm_up_impl(self) -> None:
         torch = self._torch
+        if self.fused is not None:  # issue 21: gates an 8-bit mode (refused: WeightModeRefused), compiles the step
+            from pytorch_backend.weight_gate import start_fused_step
+
+            self._step = start_fused_step(self)
         if self.use_compile:
             # One compiled graph per layer type (and batch 1 vs any batch), reused by all 34 layers: the whole
             # step compiled as one graph took over two minutes per batch shape on an H200 host.
@@ -204,6 +216,12 @@ class FastTorchInference(TorchInference):
             super()._warm_up_impl()
         logger.info("fast path ready: %s", self.startup)
 
+    @property
+    def precision(self) -> str:
+        base = super().precision
+        weights = getattr(self, "weights", "bf16")
+        return base if weights == "bf16" else f"{weights} weights, {base} activations"
+
     def _info_impl(self):
         info = super()._info_impl()
         info.details.update(
@@ -215,6 +233,8 @@ class FastTorchInference(TorchInference):
                 "batch_buckets": list(self.batch_buckets),
                 "prefix_cache_blocks": self.prefix_cache.capacity_blocks,
                 "image_cache_bytes": self.image_cache.capacity_bytes,
+                "weights": self.weights,
+                "fused_step": self.fused is not None,
                 "startup": self.startup,
             }
         )

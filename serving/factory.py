@@ -41,6 +41,8 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
             max_sequence=settings.max_sequence,
             prefix_cache_gib=settings.prefix_cache_gib,
             image_cache_gib=settings.image_cache_gib,
+            weights=settings.fast_path_weights,
+            fused_step=settings.fast_path_fused_step,
         )
     from pytorch_backend.eager import TorchInference
 

@@ -102,13 +102,14 @@ class ServerProcess:
                 self.process.wait()
 
 
-def start_server(log_dir: Path, *extra_args: str, env: dict | None = None) -> ServerProcess:
+def start_server(log_dir: Path, *extra_args: str, env: dict | None = None, script: str = "app.py") -> ServerProcess:
+    """Start the real server (or a test wrapper around it, `script`) on a free loopback port; wait until ready."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
     environment.update({"LOG_DIR": str(log_dir), **(env or {})})
     process = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
+        [sys.executable, script, "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
         cwd=REPO_ROOT,
         env=environment,
         stdout=open(log_dir / "console.log", "ab"),  # noqa: SIM115 (closed with the process)

@@ -55,7 +55,9 @@ def ask(film, question: str, tokens: int = 10) -> GenerationRequest:
 
 
 def test_prompts_prefilled_together_give_their_one_at_a_time_tokens(lone, films):
-    requests = [ask(film, question, tokens=8 + 4 * i) for i, (film, question) in enumerate(zip(films, QUESTIONS, strict=True))]
+    requests = [
+        ask(film, question, tokens=8 + 4 * i) for i, (film, question) in enumerate(zip(films, QUESTIONS, strict=True))
+    ]
     expected = [answer(lone, request) for request in requests]
     generations = [lone.start(request) for request in requests]
     try:
