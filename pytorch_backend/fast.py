@@ -155,6 +155,10 @@ class FastTorchInference(TorchInference):
         with self._torch.inference_mode():
             return self._run_packed([(kv, prompt, 0, len(prompt.ids), True)], [0])[0].float().cpu().numpy()
 
+    def _run_prompt(self, kv: SlotState, prompt: Prompt, start: int, end: int):
+        """Logits (1, vocab) of prompt.ids[end-1] after feeding start..end-1 (the weight gate uses it)."""
+        return self._run_packed([(kv, prompt, start, end, True)], [0])
+
     def _run_packed(self, items: list, logit_segments: list[int]):
         from pytorch_backend.static_decoder import PrefillSegment
 
