@@ -43,8 +43,7 @@ def main(argv=None) -> int:
     try:
         for batch in (1, 2, 4):
             requests = [
-                GenerationRequest(films[i], (ChatTurn("user", QUESTIONS[i]),), max_new_tokens=2048)
-                for i in range(batch)
+                GenerationRequest(films[i], (ChatTurn("user", QUESTIONS[i]),), max_new_tokens=512) for i in range(batch)
             ]
             generations = [engine.start(request) for request in requests]
             engine.prepare_images(generations)

@@ -150,6 +150,11 @@ class Scheduler:
         # (ticket, token ids, flush, done, error) in order; None ends the output thread. Both threads are joined
         # by close().
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        # Seconds the loop spent in each part of its turns (and how many turns, prompts, decode rows): what a
+        # profile of a busy second reads (turn_profile()).
+        self._profile = dict.fromkeys(
+            ("turns", "admit_s", "prefill_s", "decode_s", "emit_s", "prefill_prompts", "decode_rows"), 0.0
+        )
         self._output_thread = threading.Thread(target=self._output_loop, name=f"{name}-output", daemon=True)
         self._output_thread.start()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -219,11 +224,20 @@ class Scheduler:
                 logger.error("backend call failed: %s: %s", type(exc).__name__, _first_line(exc))
                 self._fail_all(exc)
 
+    def turn_profile(self) -> dict[str, float]:
+        """Cumulative seconds in admission (incl. vision), prefill, decode and hand-off, with counts (any thread)."""
+        return dict(self._profile)
+
     def _turn(self) -> None:
+        profile, clock = self._profile, time.perf_counter
+        began = clock()
         self._drop_cancelled()
         self._admit_waiting()
+        admitted = clock()
+        profile["admit_s"] += admitted - began
         if self._prefilling:
             budget = max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
+            profile["prefill_prompts"] += len(self._prefilling)
             try:
                 done = self.backend.prefill_batch([ticket.generation for ticket in self._prefilling], budget)
             except Exception as exc:  # these answers fail; the running ones go on
@@ -241,14 +255,21 @@ class Scheduler:
                     if not ticket.generation.done:
                         self._active.append(ticket)
                 self._prefilling = still
+        prefilled = clock()
+        profile["prefill_s"] += prefilled - admitted
         if self._active:
+            profile["decode_rows"] += len(self._active)
             self.backend.step([ticket.generation for ticket in self._active])
+            stepped = clock()
+            profile["decode_s"] += stepped - prefilled
             still = []
             for ticket in self._active:
                 self._emit(ticket)
                 if not ticket.generation.done:
                     still.append(ticket)
             self._active = still
+            profile["emit_s"] += clock() - stepped
+        profile["turns"] += 1
 
     def _admit_waiting(self) -> None:
         admitted = []
