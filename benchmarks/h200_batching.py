@@ -49,6 +49,12 @@ def parse_args(argv):
     parser.add_argument("--demo", action="store_true", help="the demo checkpoint instead of the 4B random shape")
     parser.add_argument("--quick", action="store_true", help="small counts (a CPU smoke run)")
     parser.add_argument("--time-limit-s", type=float, default=480, help="skip phases that would start later")
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="the second run: the many-user phases again with the loop's own profile per phase, 100 films with 64 "
+        "reporters, and the same phases with a shorter GIL switch interval (A/B)",
+    )
     return parser.parse_args(argv)
 
 
@@ -321,6 +327,59 @@ def profile_busy_second(service, image, args) -> dict:
     return {"loop": loop, "top": table.splitlines()[:22]}
 
 
+def with_loop_profile(service, function, *arguments) -> dict:
+    """Run a phase and add where the scheduler loop spent that time (its turn profile, after minus before)."""
+    scheduler = service._current.scheduler
+    before, began = scheduler.turn_profile(), time.perf_counter()
+    figures = function(*arguments)
+    window = time.perf_counter() - began
+    after = scheduler.turn_profile()
+    loop = {key: round(after[key] - before[key], 4) for key in after}
+    busy = sum(loop[key] for key in ("admit_s", "prefill_s", "decode_s", "emit_s"))
+    loop.update(window_s=round(window, 3), idle_s=round(window - busy, 3))
+    if loop["turns"]:
+        loop["decode_ms_per_turn"] = round(1e3 * loop["decode_s"] / loop["turns"], 3)
+        loop["rows_per_turn"] = round(loop["decode_rows"] / loop["turns"], 2)
+    figures["loop"] = loop
+    return figures
+
+
+def diagnose(run, service, films) -> None:
+    from benchmarks import measure
+
+    for label in ("default", "switch_0.5ms"):
+        if label != "default":
+            sys.setswitchinterval(0.0005)
+        run.phase(f"{label}_users_16", with_loop_profile, service, users, service, films[0], 16)
+        run.phase(f"{label}_users_64", with_loop_profile, service, users, service, films[0], 64)
+        teaching = films[50:98] if label == "default" else films[2:50]
+        run.phase(
+            f"{label}_teaching_round",
+            with_loop_profile,
+            service,
+            measure.teaching_round,
+            service,
+            teaching,
+            128,
+            3,
+            1.0,
+            4.0,
+        )
+    sys.setswitchinterval(0.005)
+    fresh = workload_variants(100, seed=2)
+    run.phase("films_100_64_reporters", with_loop_profile, service, measure.film_batch, service, fresh, 64, 128, _no)
+
+
+def workload_variants(count: int, seed: int):
+    from benchmarks import workload
+
+    return workload.film_variants(count, seed=seed)
+
+
+def _no() -> None:
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -333,6 +392,33 @@ def main(argv=None) -> int:
     run.result["startup_s"] = round(time.perf_counter() - started, 1)
     run.result["backend"] = service.info().details
     films = workload.film_variants(60 if quick else 100)
+    if args.diagnose:
+        try:
+            diagnose(run, service, films)
+            run.result["cache_stats_end"] = service.cache_stats()
+        finally:
+            service.close()
+            run.save()
+        keys = ("ttft_ms", "ttft_from_admission_ms", "first_answer_ttft_ms", "follow_up_ttft_ms")
+        keys += ("follow_up_ttft_from_admission_ms", "per_stream_ms_per_token")
+        for name, value in run.result["phases"].items():
+            short = {
+                k: {q: round(v, 1) for q, v in value[k].items() if q in ("p50", "p95", "p99")}
+                for k in keys
+                if isinstance(value.get(k), dict)
+            }
+            print(
+                name,
+                json.dumps(
+                    {
+                        "tokens_per_s": value.get("tokens_per_s"),
+                        "end_to_end_s": value.get("end_to_end_s"),
+                        **short,
+                        "loop": value.get("loop"),
+                    }
+                ),
+            )
+        return 0
     try:
         run.phase("equality", equality, service, films, 8 if quick else 64, 4 if quick else 10)
         run.phase("single_user_new_films", single_new_films, service, films[10:], 2 if quick else 10)

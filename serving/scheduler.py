@@ -153,7 +153,7 @@ class Scheduler:
         # Seconds the loop spent in each part of its turns (and how many turns, prompts, decode rows): what a
         # profile of a busy second reads (turn_profile()).
         self._profile = dict.fromkeys(
-            ("turns", "admit_s", "prefill_s", "decode_s", "emit_s", "prefill_prompts", "decode_rows"), 0.0
+            ("turns", "admit_s", "start_s", "prefill_s", "decode_s", "emit_s", "prefill_prompts", "decode_rows"), 0.0
         )
         self._output_thread = threading.Thread(target=self._output_loop, name=f"{name}-output", daemon=True)
         self._output_thread.start()
@@ -282,11 +282,14 @@ class Scheduler:
                 ticket.stats.finish_reason = "cancelled"
                 self._outbox.put((ticket, [], False, True, None))
                 continue
+            began = time.perf_counter()
             try:
                 generation = self.backend.start(ticket.request, ticket.stats, image_hash=ticket.image_hash)
             except BaseException as exc:  # a bad request, or no slot: this answer fails, the others go on
                 self._outbox.put((ticket, [], False, True, exc))
                 continue
+            finally:
+                self._profile["start_s"] += time.perf_counter() - began
             generation.defer_text = True
             ticket._admit(generation)
             started.append(ticket)
