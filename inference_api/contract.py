@@ -352,7 +352,15 @@ class InferenceBackend(abc.ABC):
         if not images:
             raise RequestError("image_features needs at least one image")
         with self._lock:
-            return self._image_features_impl(list(images))
+            if self.image_cache.capacity_bytes <= 0:
+                return self._image_features_impl(list(images))
+            # Through the image cache, so a folder's features serve its reports (and the reverse) without running
+            # the vision tower twice per film.
+            prompts = [Prompt([], image, image_content_hash(image)) for image in images]
+            self._prepare_images(prompts, [None] * len(prompts))
+            if any(prompt.features is None for prompt in prompts):  # a backend that encodes inside its prefill
+                return self._image_features_impl(list(images))
+            return _stack_float32([prompt.features for prompt in prompts])
 
     def info(self) -> BackendInfo:
         return self._info_impl()
@@ -626,6 +634,14 @@ class InferenceBackend(abc.ABC):
 
     @abc.abstractmethod
     def _close_impl(self) -> None: ...
+
+
+def _stack_float32(rows: list):
+    """(n, tokens, hidden) float32 numpy from per-film feature rows (torch tensors on any device, or numpy)."""
+    import numpy as np
+
+    arrays = [row.float().cpu().numpy() if hasattr(row, "cpu") else np.asarray(row, dtype=np.float32) for row in rows]
+    return np.stack(arrays).astype(np.float32)
 
 
 def _nbytes(value) -> int:
