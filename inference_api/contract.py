@@ -95,10 +95,6 @@ class Generation:
     def prefill_done(self) -> bool:
         return self.pending is not None or self.done
 
-    @property
-    def remaining_prompt(self) -> int:
-        return len(self.prompt.ids) - self.prefilled
-
 
 class InferenceBackend(abc.ABC):
     """A loaded model that answers questions about a film through the token-level contract.

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from inference_api.contract import Generation, InferenceBackend
+from inference_api.errors import one_line
 from inference_api.shared_caches import image_content_hash
 from inference_api.types import GenerationRequest, GenerationStats
 
@@ -105,13 +106,6 @@ class Ticket:
         if self.admitted_at is None:
             return max(0.0, self.submitted_at + admission_timeout_s - now) + 0.001
         return max(0.0, self.admitted_at + progress_timeout_s - now) + 0.001
-
-    @property
-    def backend_seconds(self) -> float | None:
-        """From admission to the last token: what the breaker judges (queue wait and slow readers excluded)."""
-        if self.admitted_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.admitted_at
 
     # --- scheduler side -------------------------------------------------------------------------------------
     def _admit(self, generation: Generation) -> None:
@@ -205,7 +199,7 @@ class Scheduler:
                 if ids or flush:
                     ticket._text(self.backend.detokenize(ticket.generation, ids, flush))
             except Exception as exc:  # a tokenizer failure ends this answer, not the thread
-                logger.error("detokenisation failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("detokenisation failed: %s: %s", type(exc).__name__, one_line(exc))
                 error, done = error or exc, True
             if done:
                 ticket._end(error)
@@ -221,7 +215,7 @@ class Scheduler:
             try:
                 self._turn()
             except BaseException as exc:  # a backend failure ends every answer it touched, and the loop goes on
-                logger.error("backend call failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("backend call failed: %s: %s", type(exc).__name__, one_line(exc))
                 self._fail_all(exc)
 
     def turn_profile(self) -> dict[str, float]:
@@ -241,7 +235,7 @@ class Scheduler:
             try:
                 done = self.backend.prefill_batch([ticket.generation for ticket in self._prefilling], budget)
             except Exception as exc:  # these answers fail; the running ones go on
-                logger.error("prefill failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
                 failed, self._prefilling = self._prefilling, []
                 for ticket in failed:
                     self._end(ticket, exc)
@@ -297,7 +291,7 @@ class Scheduler:
             try:
                 self.backend.prepare_images([ticket.generation for ticket in started])
             except Exception as exc:
-                logger.error("vision batch failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("vision batch failed: %s: %s", type(exc).__name__, one_line(exc))
                 for ticket in started:
                     self._end(ticket, exc)
                 return
@@ -325,15 +319,10 @@ class Scheduler:
                 ids, flush = self.backend.take_unsent(ticket.generation)
                 self.backend.finish(ticket.generation, cancelled=True)
         except Exception as exc:  # freeing state on a failed backend may fail too; the answer still ends
-            logger.warning("could not release an answer's state: %s", _first_line(exc))
+            logger.warning("could not release an answer's state: %s", one_line(exc))
         self._outbox.put((ticket, ids if error is None else [], flush and error is None, True, error))
 
     def _fail_all(self, exc: BaseException) -> None:
         for ticket in [*self._prefilling, *self._active]:
             self._end(ticket, exc)
         self._prefilling, self._active = [], []
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]

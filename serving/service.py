@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from inference_api.contract import InferenceBackend
-from inference_api.errors import RequestError
+from inference_api.errors import RequestError, one_line
 from inference_api.types import BackendInfo, GenerationRequest, GenerationStats, Mode
 from serving.breaker import CircuitBreaker
 from serving.factory import create_backend
@@ -212,7 +212,7 @@ class InferenceService:
             except (RequestError, ServiceUnavailable):
                 raise
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {_one_line(exc)}"
+                reason = f"{type(exc).__name__}: {one_line(exc)}"
                 logger.error("TensorRT path failed (%s); answering this request on PyTorch", reason)
                 self.metrics.errors.labels(
                     "tensorrt_timeout" if isinstance(exc, AnswerTimeoutError) else "tensorrt"
@@ -295,7 +295,7 @@ class InferenceService:
                         served = self._load(target)
                     except Exception as exc:
                         self.metrics.errors.labels("switch").inc()
-                        raise SwitchError(f"cannot switch to {target.label}: {_one_line(exc)}") from exc
+                        raise SwitchError(f"cannot switch to {target.label}: {one_line(exc)}") from exc
                 load_s = time.perf_counter() - load_started
                 swap_started = time.perf_counter()
                 with self._state:
@@ -396,8 +396,8 @@ class InferenceService:
                 raise
         except Exception as exc:
             if mode is Mode.TRT:
-                self._set_trt_state(f"Failed ({_one_line(exc)})")
-            logger.error("could not load the %s backend: %s", mode.label, _one_line(exc))
+                self._set_trt_state(f"Failed ({one_line(exc)})")
+            logger.error("could not load the %s backend: %s", mode.label, one_line(exc))
             raise
         if mode is Mode.TRT:
             self._set_trt_state(f"Loaded ({backend.info().precision.upper()})")
@@ -476,8 +476,3 @@ class InferenceService:
 def _copy_stats(source: GenerationStats, target: GenerationStats) -> None:
     for name, value in vars(source).items():
         setattr(target, name, value)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -134,10 +134,6 @@ class Settings:
         return Path(self.model_path) if self.model_path else DEMO_MODEL_DIR
 
     @property
-    def uses_demo_model(self) -> bool:
-        return self.model_path is None
-
-    @property
     def control_socket_path(self) -> Path:
         return Path(self.control_socket) if self.control_socket else Path(self.log_dir) / "control.sock"
 
