@@ -2,7 +2,8 @@
 
   python benchmarks/onnx_batched_decode.py --bundle engines/demo-fp32 --output results/
 
-Each figure is the median over --steps decode steps of ms per step (all sequences advance one token); the sequences
+Each figure is the fastest of --steps decode steps in ms per step (all sequences advance one token; the median and
+the process CPU time are recorded too, since a shared machine disturbs wall time); the sequences
 first prefill different questions on different films, so their pasts differ in length, as in serving. Writes
 onnx_batched_decode.json and prints a short table last.
 """
@@ -54,16 +55,20 @@ def main(argv=None) -> int:
             tokens = np.asarray([[g.pending] for g in generations], dtype=np.int64)
             row = {}
             for how in ("one_at_a_time", "batched"):
-                times = []
+                times, cpu = [], []
                 for _ in range(args.steps):
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     if how == "batched" and batch > 1:
                         engine.executor.decode_batch(sequences, engine.executor.embed(tokens), engine.sliding_window)
                     else:
                         for sequence, token in zip(sequences, tokens, strict=True):
                             _one(engine, sequence, token)
                     times.append((time.perf_counter() - started) * 1e3)
-                row[how] = statistics.median(times)
+                    cpu.append((time.process_time() - cpu_started) * 1e3)
+                # The fastest step is the least disturbed on a shared machine; CPU time counts work, not waiting.
+                row[how] = min(times)
+                row[f"{how}_median"] = statistics.median(times)
+                row[f"{how}_cpu_median"] = statistics.median(cpu)
             figures[batch] = row
             for generation in generations:
                 engine.finish(generation, cancelled=True)
@@ -81,10 +86,14 @@ def main(argv=None) -> int:
     }
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "onnx_batched_decode.json").write_text(json.dumps(result, indent=1))
-    print("| sequences | one at a time (ms/step) | one batched call (ms/step) |")
+    print("| sequences | one at a time: fastest / median / CPU ms | one batched call: fastest / median / CPU ms |")
     print("|---|---|---|")
     for batch, row in figures.items():
-        print(f"| {batch} | {row['one_at_a_time']:.2f} | {row['batched']:.2f} |")
+        cells = [
+            " / ".join(f"{row[key]:.2f}" for key in (how, f"{how}_median", f"{how}_cpu_median"))
+            for how in ("one_at_a_time", "batched")
+        ]
+        print(f"| {batch} | {cells[0]} | {cells[1]} |")
     print(f"4 sequences batched / 1 sequence: {result['batched_4_over_1']:.2f}x (target < 2x)")
     return 0
 
