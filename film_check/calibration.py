@@ -130,6 +130,8 @@ def evaluate(reference: Reference, frontal: int = 200, per_kind: int = 50) -> Ev
             "images": len(values),
             "refused": float(np.mean(np.asarray(values) > reference.threshold)),
             "median_score": float(np.median(values)),
+            "min_score": float(np.min(values)),
+            "max_score": float(np.max(values)),
             "auroc": None if is_frontal else auroc(positives, values),
         }
         rows.append(row)
@@ -139,6 +141,8 @@ def evaluate(reference: Reference, frontal: int = 200, per_kind: int = 50) -> Ev
             "images": len(negatives),
             "refused": float(np.mean(np.asarray(negatives) > reference.threshold)),
             "median_score": float(np.median(negatives)),
+            "min_score": float(np.min(negatives)),
+            "max_score": float(np.max(negatives)),
             "auroc": auroc(positives, negatives),
         }
     )
@@ -147,7 +151,7 @@ def evaluate(reference: Reference, frontal: int = 200, per_kind: int = 50) -> Ev
 
 def format_table(evaluation: Evaluation) -> str:
     lines = [
-        "| set | images | refused | median score | AUROC vs frontal |",
+        "| set | images | refused | score: lowest / median / highest | AUROC vs frontal |",
         "|---|---|---|---|---|",
     ]
     for row in evaluation.rows:
@@ -155,7 +159,8 @@ def format_table(evaluation: Evaluation) -> str:
         lines.append(f"| {row['set']} | {row['images']} | {row['refused']:.1%} | {row['median_score']:.1f} | {auc} |")
     lines.append("")
     lines.append(
-        f"Threshold {evaluation.threshold:.1f}; {evaluation.seconds_per_image * 1000:.0f} ms per image "
-        "(features only, this machine)."
+        f"A score is the Mahalanobis distance of the image's statistics from frontal films'; threshold "
+        f"{evaluation.threshold:.1f} (refused above). {evaluation.seconds_per_image * 1000:.0f} ms per image on this "
+        "machine (features and distance)."
     )
     return "\n".join(lines)
