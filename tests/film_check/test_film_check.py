@@ -64,3 +64,12 @@ def test_evaluate_prints_the_table(capsys, tmp_path):
     table = capsys.readouterr().out
     assert "| all negatives | 12 |" in table and "AUROC" in table
     assert (tmp_path / "e.json").is_file()
+
+
+def test_the_film_check_setting_names_its_choices():
+    from serving.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).film_check == "refuse"
+    assert Settings.from_env({"FILM_CHECK": "warn"}).film_check == "warn"
+    with pytest.raises(SettingsError, match="refuse, warn, off|refuse.*warn.*off"):
+        Settings.from_env({"FILM_CHECK": "maybe"})
