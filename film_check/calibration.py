@@ -156,7 +156,8 @@ def format_table(evaluation: Evaluation) -> str:
     ]
     for row in evaluation.rows:
         auc = "–" if row["auroc"] is None else f"{row['auroc']:.4f}"
-        lines.append(f"| {row['set']} | {row['images']} | {row['refused']:.1%} | {row['median_score']:.1f} | {auc} |")
+        scores = f"{row['min_score']:.1f} / {row['median_score']:.1f} / {row['max_score']:.1f}"
+        lines.append(f"| {row['set']} | {row['images']} | {row['refused']:.1%} | {scores} | {auc} |")
     lines.append("")
     lines.append(
         f"A score is the Mahalanobis distance of the image's statistics from frontal films'; threshold "
