@@ -185,7 +185,10 @@ def test_report_exports_are_named_per_report(browser, demo_server, films):
 
 
 def axe_violations(page) -> list[dict]:
-    axe = pytest.importorskip("axe_playwright_python")
+    try:
+        import axe_playwright_python as axe  # ships axe-core's axe.min.js (pinned in requirements-dev.txt)
+    except ImportError:
+        pytest.fail("axe-core is not installed; run scripts/setup_env.sh --dev (requirements-dev.txt)")
     page.add_script_tag(content=(Path(axe.__file__).parent / "axe.min.js").read_text())
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [
