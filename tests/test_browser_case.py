@@ -137,6 +137,9 @@ def test_clearing_the_upload_clears_the_case(browser, demo_server, films):
     page.wait_for_selector("#film-preview img", state="detached", timeout=30_000)
     page.wait_for_function("() => document.querySelectorAll('#chat .bot').length === 0", timeout=30_000)
     ask_expecting_refusal(page, "And the heart size?")
+    upload(page, films["pa"])  # the same film again: nothing of the cleared conversation's KV is reused
+    again = ask(page, "Is there a pleural effusion?").text_content() or ""
+    assert " 0 reused from this conversation's cache" in again and answers(page) == 1, again
     page.context.close()
 
 
