@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "serving": 3,
     "engine_build": 3,
     "demo_model": 3,
+    "film_check": 3,
     "app": 4,
     "batch_films": 4,
     "optimize_trt_engine": 4,
