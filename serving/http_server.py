@@ -61,6 +61,9 @@ def build_http_app(
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
+    from serving.openai_api import add_openai_routes  # the OpenAI-compatible API (issue 22), before Gradio's "/"
+
+    add_openai_routes(api, service, auth)
     settings = service.settings
     if extend is not None:
         extend(api, service)
