@@ -70,6 +70,9 @@ class Settings:
     auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    # --- teaching rounds (issue 23, teaching_ui.py) ---
+    case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
+    sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests

@@ -90,7 +90,9 @@ def validate_key(record: object) -> list[str]:
         if value is None:
             continue
         if not isinstance(value, dict):
-            problems.append(f"{name}: found {value!r}; expected null (absent) or an object with {', '.join(attributes)}")
+            problems.append(
+                f"{name}: found {value!r}; expected null (absent) or an object with {', '.join(attributes)}"
+            )
             continue
         for extra in sorted(set(value) - set(attributes)):
             problems.append(f"{name}.{extra}: not an attribute of {name}; expected {', '.join(attributes)}")
@@ -125,5 +127,7 @@ def key_from_json(text: str | bytes, where: str = "the key") -> PhantomLabels:
         record = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = f"line {exc.lineno}, column {exc.colno}: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise AnswerKeyError(f"{where} is not valid JSON ({detail or 'not UTF-8 text'}); save it as UTF-8 JSON.") from None
+        raise AnswerKeyError(
+            f"{where} is not valid JSON ({detail or 'not UTF-8 text'}); save it as UTF-8 JSON."
+        ) from None
     return key_from_record(record, where)

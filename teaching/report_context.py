@@ -25,7 +25,9 @@ class ClinicalContext:
     recommendation: str = ""
 
     def cleaned(self) -> ClinicalContext:
-        return ClinicalContext(*(" ".join((text or "").split()) for text in (self.indication, self.comparison, self.recommendation)))
+        return ClinicalContext(
+            *(" ".join((text or "").split()) for text in (self.indication, self.comparison, self.recommendation))
+        )
 
 
 @dataclass(frozen=True)

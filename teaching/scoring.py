@@ -119,7 +119,9 @@ def score_read(read: Mapping[str, object], key: PhantomLabels) -> Score:
     for name, (finding, label) in READ_FIELDS.items():
         if finding is not None and not key.present(finding):
             continue  # the key has no such finding: its attributes are not scored
-        marks.append(FieldMark(name, label, truth.get(name), read.get(name), _matches(name, truth.get(name), read.get(name))))
+        marks.append(
+            FieldMark(name, label, truth.get(name), read.get(name), _matches(name, truth.get(name), read.get(name)))
+        )
     return Score(tuple(marks))
 
 

@@ -50,7 +50,9 @@ class CaseRecord:
 
     @property
     def student_score(self) -> Score | None:
-        return score_read(self.student_read, self.key) if self.key is not None and self.student_read is not None else None
+        return (
+            score_read(self.student_read, self.key) if self.key is not None and self.student_read is not None else None
+        )
 
     @property
     def model_score(self) -> Score | None:
@@ -61,7 +63,11 @@ def read_summary(read: dict | None) -> str:
     """A read in one line: the findings called present, then their attributes and the ratio."""
     if read is None:
         return "(no read)"
-    present = [name.split(".", 1)[1].replace("_", " ") for name in READ_FIELDS if name.startswith("present.") and read.get(name)]
+    present = [
+        name.split(".", 1)[1].replace("_", " ")
+        for name in READ_FIELDS
+        if name.startswith("present.") and read.get(name)
+    ]
     details = [
         f"{label} {shown(read[name])}"
         for name, (finding, label) in READ_FIELDS.items()
@@ -155,7 +161,10 @@ def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title:
     for number, record in enumerate(records, start=1):
         story.append(para(f"Case {number}: {record.title}", styles["Heading2"]))
         story.append(para(f"History: {record.history or '-'}"))
-        scores = [f"Student {_score_text(record.student_score) or '-'}", f"Model {_score_text(record.model_score) or '-'}"]
+        scores = [
+            f"Student {_score_text(record.student_score) or '-'}",
+            f"Model {_score_text(record.model_score) or '-'}",
+        ]
         story.append(para("Score: " + "; ".join(scores) if record.key is not None else "No answer key for this case."))
         if record.key is not None:
             header = ["Field", "Key", "Student", "Model"]
@@ -193,8 +202,15 @@ def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title:
         story.append(Spacer(1, 5 * mm))
     buffer = io.BytesIO()
     document = SimpleDocTemplate(
-        buffer, pagesize=A4, leftMargin=15 * mm, rightMargin=15 * mm, topMargin=15 * mm, bottomMargin=15 * mm,
-        title=title, author="MedGemma X-Ray assistant", invariant=1,
+        buffer,
+        pagesize=A4,
+        leftMargin=15 * mm,
+        rightMargin=15 * mm,
+        topMargin=15 * mm,
+        bottomMargin=15 * mm,
+        title=title,
+        author="MedGemma X-Ray assistant",
+        invariant=1,
     )
     document.build(story)
     return buffer.getvalue()

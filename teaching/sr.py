@@ -20,7 +20,17 @@ from teaching.report_context import TeachingReport
 BASIC_TEXT_SR = "1.2.840.10008.5.1.4.1.1.88.11"
 MANUFACTURER = "MedGemma X-Ray assistant (education and research only)"
 _FINDING_LABELS = ("View", "Technique", "Lungs", "Pleura", "Heart and mediastinum", "Bones", "Lines and devices")
-_IDENTITY = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "AccessionNumber", "StudyID", "StudyDate", "StudyTime", "ReferringPhysicianName")
+_IDENTITY = (
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "AccessionNumber",
+    "StudyID",
+    "StudyDate",
+    "StudyTime",
+    "ReferringPhysicianName",
+)
 
 
 def _code(value: str, scheme: str, meaning: str):
@@ -45,13 +55,21 @@ def _content(report: TeachingReport):
 
     finding = _code("121071", "DCM", "Finding")
     children = [
-        section(_code("121060", "DCM", "History"), [text(_code("121109", "DCM", "Indications for Procedure"), sections["Indication"])]),
+        section(
+            _code("121060", "DCM", "History"),
+            [text(_code("121109", "DCM", "Indications for Procedure"), sections["Indication"])],
+        ),
         section(
             _code("121066", "DCM", "Prior Procedure Descriptions"),
             [text(_code("121065", "DCM", "Procedure Description"), sections["Comparison"])],
         ),
-        section(_code("121070", "DCM", "Findings"), [text(finding, f"{label}: {sections[label]}") for label in _FINDING_LABELS]),
-        section(_code("121072", "DCM", "Impressions"), [text(_code("121073", "DCM", "Impression"), sections["Impression"])]),
+        section(
+            _code("121070", "DCM", "Findings"),
+            [text(finding, f"{label}: {sections[label]}") for label in _FINDING_LABELS],
+        ),
+        section(
+            _code("121072", "DCM", "Impressions"), [text(_code("121073", "DCM", "Impression"), sections["Impression"])]
+        ),
         section(
             _code("121074", "DCM", "Recommendations"),
             [text(_code("121075", "DCM", "Recommendation"), sections["Recommendation"])],
@@ -71,9 +89,15 @@ def _evidence(identity: dict, include_identifiers: bool):
     use_source = include_identifiers and bool(identity.get("PatientName") or identity.get("PatientID"))
     for keyword in _IDENTITY:
         setattr(evidence, keyword, identity.get(keyword, "") if use_source else "")
-    evidence.StudyInstanceUID = identity.get("StudyInstanceUID") if use_source and identity.get("StudyInstanceUID") else generate_uid()
-    evidence.SeriesInstanceUID = identity.get("SeriesInstanceUID") if use_source and identity.get("SeriesInstanceUID") else generate_uid()
-    evidence.SOPInstanceUID = identity.get("SOPInstanceUID") if use_source and identity.get("SOPInstanceUID") else generate_uid()
+    evidence.StudyInstanceUID = (
+        identity.get("StudyInstanceUID") if use_source and identity.get("StudyInstanceUID") else generate_uid()
+    )
+    evidence.SeriesInstanceUID = (
+        identity.get("SeriesInstanceUID") if use_source and identity.get("SeriesInstanceUID") else generate_uid()
+    )
+    evidence.SOPInstanceUID = (
+        identity.get("SOPInstanceUID") if use_source and identity.get("SOPInstanceUID") else generate_uid()
+    )
     evidence.SOPClassUID = identity.get("SOPClassUID") or "1.2.840.10008.5.1.4.1.1.7"  # Secondary Capture
     evidence.Modality = "DX"
     return evidence, use_source
