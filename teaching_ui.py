@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from teaching.rounds import Round, TeachingSession, library_round, upload_names
 logger = logging.getLogger("teaching_ui")
 
 PREVIEW_SIZE = 896
+STREAM_INTERVAL_S = 0.1
 FINDING_CHOICES = {
     "effusion_side": ["", "right", "left", "both"],
     "effusion_size": ["", "small", "moderate", "large"],
@@ -130,9 +132,9 @@ def _scores_markdown(round_: Round) -> tuple[str, str, str]:
     lines = ["| Field | Key | Student | Model |", "|---|---|---|---|"]
     for mark in model.marks:
         s = student.mark(mark.field) if student else None
-        cell = "–" if s is None else f"{'✅' if s.right else '❌'} {shown(s.read)}"
+        cell = "–" if s is None else f"{shown(s.read)} ({'right' if s.right else '**wrong**'})"
         lines.append(
-            f"| {mark.label} | {shown(mark.key)} | {cell} | {'✅' if mark.right else '❌'} {shown(mark.read)} |"
+            f"| {mark.label} | {shown(mark.key)} | {cell} | {shown(mark.read)} ({'right' if mark.right else '**wrong**'}) |"
         )
     student_line = f"**Student score: {student.summary()}**" if student else "Student score: no read entered"
     return "\n".join(lines), student_line, f"**Model score: {model.summary()}**"
@@ -332,12 +334,21 @@ def add_teaching_page(demo, service, uploads) -> None:
     clicked.__annotations__["evt"] = gr.SelectData  # Gradio finds the event by type; gr is imported lazily here
 
     def streamed(request, stats):
-        """The service's answer stream; closing this generator (Stop, a closed tab) frees the answer's slot."""
+        """The service's answer stream, at most one update per STREAM_INTERVAL_S (a browser that re-renders the
+        whole answer at every token falls behind a fast backend); the last text always comes. Closing this
+        generator (Stop, a closed tab) closes the service's, which frees the answer's slot."""
         stream = service.stream_answer(request, stats)
+        shown_at, text, pending = 0.0, "", False
         try:
-            yield from stream
+            for text in stream:
+                pending = True
+                if time.monotonic() - shown_at >= STREAM_INTERVAL_S:
+                    shown_at, pending = time.monotonic(), False
+                    yield text
         finally:
             stream.close()
+        if pending:
+            yield text
 
     def reveal(session: TeachingSession, quiz: bool, *form):
         round_ = need_round(session)

@@ -299,6 +299,14 @@ def _metric(url: str, name: str) -> float:
     return sum(values)
 
 
+def _wait_slot_free(page, url: str) -> None:
+    for _ in range(600):  # the scheduler drops a cancelled answer at its next turn
+        if _metric(url, "medgemma_requests_running") == 0:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError("Stop did not free the answer's slot")
+
+
 def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_model_dir, library_folder):
     """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early): after
     Stop, the slot empties and the next question streams while nothing has completed, so it did not wait for
@@ -323,13 +331,9 @@ def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_mode
                 "return b.length > 0 && b[b.length - 1].innerText.trim().length > 10; }",
                 timeout=300_000,
             )
-            page.click("#teach-stop")
-            stopped_at = page.inner_text("#teach-chat")
-            deadline_polls = 600
-            while _metric(server.url, "medgemma_requests_running") > 0 and deadline_polls:
-                page.wait_for_timeout(100)
-                deadline_polls -= 1
-            assert _metric(server.url, "medgemma_requests_running") == 0, "Stop did not free the answer's slot"
+            page.evaluate("() => document.getElementById('teach-stop').click()")  # the chat grows under it
+            stopped_at = page.evaluate("() => document.querySelector('#teach-chat').innerText")
+            _wait_slot_free(page, server.url)
             page.fill("#teach-question textarea", "Is there a pleural effusion?")
             page.click("#teach-ask")
             page.wait_for_function(
@@ -338,8 +342,9 @@ def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_mode
                 timeout=300_000,
             )
             completed = _metric(server.url, "medgemma_requests_total")
-            page.screenshot(path=str(ARTIFACTS / "teaching_stop.png"), full_page=True)
-            page.click("#teach-stop")
+            page.evaluate("() => document.getElementById('teach-stop').click()")
+            _wait_slot_free(page, server.url)
+            page.screenshot(path=str(ARTIFACTS / "teaching_stop.png"), full_page=True, timeout=120_000)
             browser.close()
     finally:
         server.stop()
