@@ -148,6 +148,31 @@ def _write_private(folder: Path, name: str, data: bytes) -> str:
     return str(path)
 
 
+class ViewFiles:
+    """The viewer's pictures as fast PNGs (zlib level 1: a textured film at Gradio's default level costs several
+    times the render itself). Gradio copies each returned file into its own cache, so a file here is needed only
+    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server."""
+
+    KEEP_S = 60.0
+
+    def __init__(self, parent: Path) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="teaching-views-", dir=parent))
+
+    def write(self, picture) -> str:
+        from PIL import Image
+
+        cutoff = time.time() - self.KEEP_S
+        for old in self.folder.glob("*.png"):
+            try:
+                if old.stat().st_mtime < cutoff:
+                    old.unlink()
+            except FileNotFoundError:
+                pass  # another request removed it first
+        path = self.folder / f"view-{uuid.uuid4().hex}.png"
+        Image.fromarray(picture).save(path, format="PNG", compress_level=1)
+        return str(path)
+
+
 def add_teaching_page(demo, service, uploads) -> None:
     """Add the /teaching page to the app's Blocks (call after its `with gr.Blocks()` block, before queue())."""
     import gradio as gr
@@ -170,6 +195,7 @@ def add_teaching_page(demo, service, uploads) -> None:
     settings = service.settings
     library_folder = _library_folder(settings)
     export_root = Path(uploads.folder)
+    view_files = ViewFiles(export_root)
 
     def user_error(exc: Exception) -> gr.Error:
         logger.warning("teaching: user error: %s", type(exc).__name__)
@@ -185,7 +211,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         return session.current
 
     def view_outputs(round_: Round):
-        picture, _ = viewer.render_view(round_.display, round_.view)
+        picture = view_files.write(viewer.render_view(round_.display, round_.view)[0])
         low, high = round_.display.window_limits
         span = max(high - low, 1.0)
         return (
@@ -455,8 +481,7 @@ def add_teaching_page(demo, service, uploads) -> None:
                 view = gr.Image(
                     label="Full-resolution film (click: ruler, calliper or pan)",
                     interactive=False,
-                    type="numpy",
-                    format="png",
+                    type="filepath",
                     elem_id="teach-view",
                     show_label=True,
                 )

@@ -235,7 +235,8 @@ def windowed(values: np.ndarray, centre: float, width: float, invert: bool = Fal
 
 
 def render_view(film: DisplayFilm, state: ViewState, view_max: int = VIEW_MAX_PX) -> tuple[np.ndarray, Crop]:
-    """The view as an RGB uint8 array (with the current tool's marks) and the crop it shows."""
+    """The view as a uint8 array, grayscale (rows, cols), or RGB (rows, cols, 3) when the current tool has marks to
+    draw, and the crop it shows."""
     from PIL import Image, ImageDraw
 
     crop = view_crop(film.shape, state, view_max)
@@ -247,6 +248,8 @@ def render_view(film: DisplayFilm, state: ViewState, view_max: int = VIEW_MAX_PX
         (crop.out_cols, crop.out_rows), Image.Resampling.BILINEAR, box=box
     )
     grey = windowed(np.asarray(resampled), state.centre, state.width, state.invert)
+    if not state.points:
+        return grey, crop  # one channel: a third of the bytes to encode as PNG (most of a view's cost)
     picture = Image.fromarray(grey, mode="L").convert("RGB")
     if state.points:
         draw = ImageDraw.Draw(picture)

@@ -26,8 +26,8 @@ LAYERS: dict[str, int] = {
     "engine_build": 3,
     "demo_model": 3,
     "teaching": 3,
-    "app": 4,
-    "teaching_ui": 4,
+    "teaching_ui": 4,  # the teaching-rounds page, a UI module that app.py adds with one call
+    "app": 5,
     "batch_films": 4,
     "optimize_trt_engine": 4,
     "devtools": 5,
