@@ -55,18 +55,18 @@ def in_process(repeats: int) -> dict:
     for rows, cols in SIZES:
         _, film = read_display_film(_film(rows, cols), max_pixels=40_000_000, max_bytes=1 << 28)
         base = ViewState.initial(film)
-        actions = {
-            "preset lung": lambda: base.with_window(*film.preset("lung")),
-            "preset bone": lambda: base.with_window(*film.preset("bone")),
-            "zoom x2": lambda: base.zoomed(2),
-            "zoom x8": lambda: base.zoomed(8),
-            "ruler click": lambda: click(film, base, 300, 300),
+        states = {
+            "preset lung": base.with_window(*film.preset("lung")),
+            "preset bone": base.with_window(*film.preset("bone")),
+            "zoom x2": base.zoomed(2),
+            "zoom x8": base.zoomed(8),
+            "ruler click": click(film, base, 300, 300),
         }
-        for name, make in actions.items():
+        for name, state in states.items():
             samples = []
             for _ in range(repeats):
                 started = time.perf_counter()
-                picture, _ = render_view(film, make())
+                picture, _ = render_view(film, state)
                 Image.fromarray(picture).save(io.BytesIO(), format="PNG", compress_level=1)  # as teaching_ui does
                 samples.append((time.perf_counter() - started) * 1000)
             results[f"{rows}x{cols} {name}"] = _summary(samples)
