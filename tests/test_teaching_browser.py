@@ -278,6 +278,14 @@ def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
             _click_and_wait(page, _screen_point(page, 300, x, shape), expected)
         calliper = page.inner_text("#teach-measure")
         page.screenshot(path=str(ARTIFACTS / "teaching_viewer_calliper.png"), full_page=True)
+
+        # The projector layout (key P): the read form and the engineering rows fold away, the film grows.
+        width_before = page.locator("#teach-view-col").bounding_box()["width"]
+        page.click("h1")
+        page.keyboard.press("p")
+        page.wait_for_selector(".teach-form", state="hidden", timeout=30_000)
+        projector_width = page.locator("#teach-view-col").bounding_box()["width"]
+        page.screenshot(path=str(ARTIFACTS / "teaching_projector.png"))
         browser.close()
 
     for name in ("lung", "bone", "mediastinum"):
@@ -288,6 +296,7 @@ def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
     known_mm = 300 * spacing
     read_mm = float(re.search(r"Ruler: ([\d.]+) mm", ruler).group(1))
     assert abs(read_mm - known_mm) <= 0.02 * known_mm, (ruler, known_mm)
+    assert projector_width > 1.2 * width_before, (width_before, projector_width)
     ratio = float(re.search(r"cardiothoracic ratio ([\d.]+)", calliper).group(1))
     assert abs(ratio - 120 / 300) <= 0.02 * 0.4, calliper
 
