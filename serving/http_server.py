@@ -49,6 +49,9 @@ def build_http_app(service, demo, upload_folder: Path, auth: Callable[[str, str]
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
+    from serving.openai_api import add_openai_routes  # the OpenAI-compatible API (issue 22), before Gradio's "/"
+
+    add_openai_routes(api, service, auth)
     settings = service.settings
     app = gr.mount_gradio_app(
         api,

@@ -31,6 +31,8 @@ LAYERS: dict[str, int] = {
     "batch_films": 4,
     "optimize_trt_engine": 4,
     "devtools": 5,
+    "deploy": 5,  # the container entry point: imports app and serving
+    "scaleout": 5,  # Ray Serve application: imports app (the UI) and serving
     "benchmarks": 6,
     "benchmark": 7,  # the benchmarks package's command line: the one module that may import it
     "tests": 8,
