@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -63,7 +64,7 @@ SHORTCUT_JS = (
 PROJECTOR_CSS = (
     "body.projector .teach-engineering, body.projector #model-badge, body.projector .teach-form "
     "{display: none !important;} "
-    "body.projector #teach-view-col {flex-grow: 5 !important; min-width: 60% !important;} "
+    "body.projector #teach-view-col {flex-grow: 5 !important; min-width: 66% !important;} "
     "body.projector #teach-view img {max-height: 86vh !important;} "
     "body.projector #teach-chat, body.projector #teach-reveal-box {font-size: 1.35em;}"
 )
@@ -193,7 +194,13 @@ def add_teaching_page(demo, service, uploads) -> None:
     from xray_io.preprocess import model_input_image
 
     settings = service.settings
-    library_folder = _library_folder(settings)
+    library_lock = threading.Lock()
+
+    def library_folder() -> Path:
+        """Resolved when the page is first opened, not at start-up: writing the starter set takes seconds."""
+        with library_lock:
+            return _library_folder(settings)
+
     export_root = Path(uploads.folder)
     view_files = ViewFiles(export_root)
 
@@ -270,7 +277,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         if session.current is not None:
             service.forget_conversation(session.current.conversation_id)
         try:
-            case = load_library(library_folder).get(case_id)
+            case = load_library(library_folder()).get(case_id)
             film, display, image = decode(case.film_path.read_bytes())
         except KeyError as exc:
             raise refused("That case is no longer in the library; refresh the list.") from exc
@@ -311,9 +318,9 @@ def add_teaching_page(demo, service, uploads) -> None:
 
     def shuffle(session: TeachingSession):
         session = session if isinstance(session, TeachingSession) else TeachingSession()
-        ids = [case.case_id for case in load_library(library_folder).cases]
+        ids = [case.case_id for case in load_library(library_folder()).cases]
         session = session.shuffled_order(ids)
-        library = load_library(library_folder)
+        library = load_library(library_folder())
         titles = [library.get(case_id).title for case_id in session.order]
         return gr.update(value=session.order[0] if session.order else None), f"Quiz order: {', '.join(titles)}", session
 
@@ -455,23 +462,25 @@ def add_teaching_page(demo, service, uploads) -> None:
         if isinstance(session, TeachingSession) and session.current is not None:
             service.forget_conversation(session.current.conversation_id)
 
-    library = load_library(library_folder)
-    with demo.route("Teaching rounds", "/teaching"):
+    def list_cases():
+        library = load_library(library_folder())
+        problems = "\n".join(f"⚠️ {p}" for p in library.problems)
+        return gr.update(choices=library.choices()), problems
+
+    with demo.route("Teaching rounds", "/teaching") as page:
         state = gr.State(TeachingSession(), delete_callback=session_ended)
         gr.Markdown(
             "# Teaching rounds\n**For education and research only. Not a medical device and not for diagnosis.** "
             "Keys: 1 lung, 2 mediastinum, 3 bone, 0 the file's window, I invert, +/− zoom, R reset, P projector."
         )
         with gr.Row():
-            case_list = gr.Dropdown(library.choices(), label="Case library", elem_id="teach-case", scale=3)
+            case_list = gr.Dropdown([], label="Case library", elem_id="teach-case", scale=3)
             open_button = gr.Button("Open case", elem_id="teach-open", scale=1)
             shuffle_button = gr.Button("Shuffle (quiz order)", elem_id="teach-shuffle", scale=1)
             next_button = gr.Button("Next case", elem_id="teach-next", scale=1)
             quiz = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             projector = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
-        order_note = gr.Markdown(
-            "\n".join(f"⚠️ {p}" for p in library.problems), elem_id="teach-order", elem_classes="teach-engineering"
-        )
+        order_note = gr.Markdown(elem_id="teach-order", elem_classes="teach-engineering")
         with gr.Row(elem_classes="teach-engineering"):
             film_upload = gr.File(label="Or upload a film (DICOM, PNG, JPEG)", type="filepath", elem_id="teach-upload")
             key_upload = gr.File(label="Teacher's answer key (JSON)", type="filepath", elem_id="teach-key")
@@ -637,4 +646,4 @@ def add_teaching_page(demo, service, uploads) -> None:
             export_session, [state], [session_csv_button, session_pdf_button], api_name="teaching_export"
         )
         projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)
-        demo.load(None, None, None, js=SHORTCUT_JS, api_name=False)
+        page.load(list_cases, None, [case_list, order_note], js=SHORTCUT_JS, api_name="teaching_cases")
