@@ -179,6 +179,8 @@ def add_teaching_page(demo, service, uploads) -> None:
     import gradio as gr
 
     from assistant.report import parse_report, report_request
+    from film_check import NotAChestFilmError, check_film, load_reference
+    from film_check.check import REFERENCE_PATH
     from inference_api.errors import RequestError
     from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
     from serving.service import ServiceUnavailable
@@ -194,6 +196,9 @@ def add_teaching_page(demo, service, uploads) -> None:
     from xray_io.preprocess import model_input_image
 
     settings = service.settings
+    film_reference = (
+        None if settings.film_check == "off" else load_reference(settings.film_check_reference or REFERENCE_PATH)
+    )
     library_lock = threading.Lock()
 
     def library_folder() -> Path:
@@ -265,9 +270,16 @@ def add_teaching_page(demo, service, uploads) -> None:
         )
 
     def decode(data: bytes):
+        """The film for the model and the viewer; the film check (film_check/) as on the main page."""
         film, display = viewer.read_display_film(
             data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes
         )
+        if film_reference is not None:
+            verdict = check_film(film.pixels, film_reference)
+            if not verdict.plausible and settings.film_check == "refuse":
+                raise NotAChestFilmError(verdict.refusal())
+            if not verdict.plausible:
+                gr.Warning(verdict.warning())
         return film, display, model_input_image(film)
 
     def open_case(case_id: str | None, session: TeachingSession):

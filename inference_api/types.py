@@ -104,6 +104,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the conversation cache instead of a prefill
+    prefix_cached_tokens: int = 0  # prompt tokens whose KV was copied from the shared prefix cache (same film)
     new_tokens: int = 0
     first_token_s: float | None = None  # seconds from the call to the first generated token
     total_s: float | None = None

@@ -91,6 +91,7 @@ class InferenceService:
         self.last_switch: SwitchRecord | None = None
         self.ready = threading.Event()
         self.metrics.bind_queue(self._count_waiting, self._count_running)
+        self.metrics.bind_cache_stats(self.cache_stats)
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -251,7 +252,9 @@ class InferenceService:
             ticket.cancel()  # a closed tab (GeneratorExit) frees the slot at the scheduler's next turn
         if judge:
             self.breaker.record_success()
-        self.metrics.observe_request(served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens)
+        self.metrics.observe_request(
+            served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens, stats.token_times
+        )
 
     def image_features(self, images):
         with self._lease() as served:
@@ -400,7 +403,13 @@ class InferenceService:
             self._set_trt_state(f"Loaded ({backend.info().precision.upper()})")
         logger.info("%s backend ready in %.2f s", mode.label, time.perf_counter() - started)
         settings = self.settings
-        scheduler = Scheduler(backend, settings.generation_concurrency, settings.queue_size, name=f"scheduler-{mode}")
+        scheduler = Scheduler(
+            backend,
+            settings.generation_concurrency,
+            settings.queue_size,
+            name=f"scheduler-{mode}",
+            max_batched_tokens=settings.max_batched_tokens,
+        )
         return Served(mode, backend, scheduler)
 
     def _trip(self, reason: str) -> None:
@@ -424,6 +433,11 @@ class InferenceService:
 
     def _schedulers(self) -> list[Scheduler]:
         return [s.scheduler for s in (self._current, *self._standby.values()) if s is not None]
+
+    def cache_stats(self) -> dict | None:
+        """The serving backend's shared-cache and KV counters (metrics, benchmark); None while nothing serves."""
+        served = self._current
+        return served.backend.cache_stats() if served is not None else None
 
     def _count_waiting(self) -> int:
         return sum(scheduler.waiting for scheduler in self._schedulers())

@@ -25,6 +25,7 @@ from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "medgemma-demo"
+FILM_CHECK_MODES = ("refuse", "warn", "off")
 TORCH_PATHS = ("auto", "eager", "fast")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -56,6 +57,10 @@ class Settings:
     max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
     fast_path_weights: str = "bf16"  # bf16, int8 or fp8: the fast path's decode weights (8-bit: gated at start)
     fast_path_fused_step: bool = False  # the decode step with the KV write inside the attention kernel
+    # --- caches shared across users and the per-step token budget (issue 20) ---
+    prefix_cache_gib: float = 1.0  # the fast path's pool of prefix KV blocks (the film's tokens, shared); 0: off
+    image_cache_gib: float = 0.5  # the vision tower's output per film (content hash), least recently used evicted
+    max_batched_tokens: int = 2048  # tokens per scheduler step: decode tokens plus prompt chunks
     request_timeout_s: float = 300.0  # longest one answer may take, waiting included
     # --- hot switch, breaker, shutdown ---
     keep_both_backends: bool = False  # keep TensorRT loaded after switching back to PyTorch
@@ -75,6 +80,9 @@ class Settings:
     # --- teaching rounds (issue 23, teaching_ui.py) ---
     case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
     sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
+    # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
+    film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
+    film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -113,6 +121,9 @@ class Settings:
         _in_range("QUEUE_SIZE", self.queue_size, 1, 10_000)
         _in_range("MAX_RESIDENT_CONVERSATIONS", self.max_resident_conversations, 0, 4096)
         _in_range("MAX_SEQUENCE", self.max_sequence, 512, 131_072)
+        _in_range("PREFIX_CACHE_GIB", self.prefix_cache_gib, 0, 1024)
+        _in_range("IMAGE_CACHE_GIB", self.image_cache_gib, 0, 1024)
+        _in_range("MAX_BATCHED_TOKENS", self.max_batched_tokens, 256, 1_000_000)
         _in_range("BREAKER_FAILURES", self.breaker_failures, 1, 1000)
         for name in ("request_timeout_s", "breaker_timeout_s", "drain_timeout_s"):
             _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
@@ -123,6 +134,7 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
         return self
 
     @property
