@@ -476,8 +476,8 @@ def add_teaching_page(demo, service, uploads) -> None:
 
     def list_cases():
         library = load_library(library_folder())
-        problems = "\n".join(f"⚠️ {p}" for p in library.problems)
-        return gr.update(choices=library.choices()), problems
+        lines = [f"{len(library.cases)} cases in the library."] + [f"⚠️ {p}" for p in library.problems]
+        return gr.update(choices=library.choices()), "\n\n".join(lines)
 
     with demo.route("Teaching rounds", "/teaching") as page:
         state = gr.State(TeachingSession(), delete_callback=session_ended)
@@ -492,6 +492,7 @@ def add_teaching_page(demo, service, uploads) -> None:
             next_button = gr.Button("Next case", elem_id="teach-next", scale=1)
             quiz = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             projector = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
+        library_note = gr.Markdown(elem_id="teach-library", elem_classes="teach-engineering")
         order_note = gr.Markdown(elem_id="teach-order", elem_classes="teach-engineering")
         with gr.Row(elem_classes="teach-engineering"):
             film_upload = gr.File(label="Or upload a film (DICOM, PNG, JPEG)", type="filepath", elem_id="teach-upload")
@@ -658,4 +659,4 @@ def add_teaching_page(demo, service, uploads) -> None:
             export_session, [state], [session_csv_button, session_pdf_button], api_name="teaching_export"
         )
         projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)
-        page.load(list_cases, None, [case_list, order_note], js=SHORTCUT_JS, api_name="teaching_cases")
+        page.load(list_cases, None, [case_list, library_note], js=SHORTCUT_JS, api_name="teaching_cases")

@@ -86,7 +86,7 @@ def _browser(playwright):
 def _open_page(browser, url: str):
     page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
     page.goto(f"{url}/teaching", wait_until="load")
-    page.wait_for_selector("#teach-case input", timeout=60_000)
+    page.wait_for_selector("#teach-library :text('cases in the library')", timeout=60_000)
     return page
 
 
