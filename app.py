@@ -309,6 +309,9 @@ def build_ui(service, uploads=None):
         )
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
         gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
+    from teaching_ui import add_teaching_page  # issue 23: the teaching-rounds page at /teaching
+
+    add_teaching_page(demo, service, uploads)
     demo.queue(max_size=service.settings.queue_size, default_concurrency_limit=4)
     return demo
 

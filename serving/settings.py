@@ -77,6 +77,9 @@ class Settings:
     auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    # --- teaching rounds (issue 23, teaching_ui.py) ---
+    case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
+    sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
     # --- hostile clients, round two (issue 19): sessions, connections, uploads, memory ---
     session_ttl_s: float = 1800.0  # a session's case is dropped this long after its last change (API clients
     #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
