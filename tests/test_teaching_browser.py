@@ -326,8 +326,11 @@ def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_mode
         "MODEL_PATH": str(random_model_dir),
         "GENERATION_CONCURRENCY": "1",
         "MAX_NEW_TOKENS": "2048",
+        # Each decode step takes at least 10 ms (tests/support/paced_server.py): an answer needs >= 20 s on any
+        # machine, so it cannot finish on its own before Stop is clicked, however fast the machine is.
+        "TEST_DECODE_PACE_S": "0.010",
     }
-    server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env)
+    server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
     try:
         with playwright_api.sync_playwright() as playwright:
             browser = _browser(playwright)
