@@ -32,11 +32,14 @@ class DeclaredImage:
     components: int
     scans: int = 0  # counted only by count_jpeg_scans
 
+# What the readers accept: anything memoryview() takes that the decoders hand us.
+ByteSource = bytes | bytearray | memoryview
+
 
 class Bytes:
     """Random access to one byte string (the plain case of Fragments)."""
 
-    def __init__(self, data) -> None:
+    def __init__(self, data: ByteSource) -> None:
         self._view = memoryview(data)
 
     def __len__(self) -> int:
@@ -49,24 +52,25 @@ class Bytes:
 class Fragments:
     """The fragments of one encapsulated frame, read as one byte string without copying them together."""
 
-    def __init__(self, buffer, spans: list[tuple[int, int]]) -> None:
+    def __init__(self, buffer: ByteSource, spans: list[tuple[int, int]]) -> None:
         self._view = memoryview(buffer)
         self._spans = spans  # (start in buffer, length), in order
-        self._starts, total = [], 0
+        self._starts: list[int] = []
+        total = 0
         for _, length in spans:
             self._starts.append(total)
             total += length
         self._length = total
 
     @classmethod
-    def of_pixel_data(cls, pixel_data) -> Fragments | None:
+    def of_pixel_data(cls, pixel_data: ByteSource) -> Fragments | None:
         """The fragments after the Basic Offset Table of encapsulated Pixel Data (PS3.5 A.4: items up to the
         sequence delimiter, or the end); None if it is not encapsulated so (the decoder then reports the damage)."""
         view = memoryview(pixel_data)
         if len(view) < 8 or view[0:4] != ITEM:
             return None
         position = 8 + int.from_bytes(view[4:8], "little")  # past the offset table
-        spans = []
+        spans: list[tuple[int, int]] = []
         while position + 8 <= len(view) and len(spans) < MAX_FRAGMENTS:
             tag = view[position : position + 4]
             if tag == SEQUENCE_DELIMITER:
@@ -94,7 +98,11 @@ class Fragments:
         return bytes(out)
 
 
-def declared_image(stream) -> DeclaredImage | None:
+# A codestream to read from: one byte string, or the fragments of an encapsulated frame.
+Stream = Bytes | Fragments
+
+
+def declared_image(stream: Stream) -> DeclaredImage | None:
     """The size a JPEG, JPEG-LS or JPEG 2000 codestream (raw or in a JP2 file) declares; None if none is found."""
     head = stream.read(0, 12)
     if head[:2] == b"\xff\xd8":
@@ -106,7 +114,7 @@ def declared_image(stream) -> DeclaredImage | None:
     return None
 
 
-def _jpeg_frame(stream) -> DeclaredImage | None:
+def _jpeg_frame(stream: Stream) -> DeclaredImage | None:
     position = 2
     for _ in range(MAX_SEGMENTS):
         marker = stream.read(position, 4)
@@ -134,7 +142,7 @@ def _jpeg_frame(stream) -> DeclaredImage | None:
     return None
 
 
-def _j2k_size(stream, start: int) -> DeclaredImage | None:
+def _j2k_size(stream: Stream, start: int) -> DeclaredImage | None:
     siz = stream.read(start, 42)  # SOC, SIZ marker, Lsiz, Rsiz, Xsiz, Ysiz, XOsiz, YOsiz, 4 tile fields, Csiz
     if len(siz) < 42 or siz[:4] != b"\xff\x4f\xff\x51":
         return None
@@ -144,7 +152,7 @@ def _j2k_size(stream, start: int) -> DeclaredImage | None:
     return DeclaredImage(x - x0, y - y0, int.from_bytes(siz[40:42], "big"))
 
 
-def _jp2_size(stream) -> DeclaredImage | None:
+def _jp2_size(stream: Stream) -> DeclaredImage | None:
     """Walk the JP2 file's top-level boxes (ISO 15444-1 I.4) by their lengths to the contiguous codestream box."""
     position, total = 0, len(stream)
     for _ in range(MAX_BOXES):
@@ -167,7 +175,7 @@ def _jp2_size(stream) -> DeclaredImage | None:
     return None
 
 
-def count_jpeg_scans(data, limit: int) -> int:
+def count_jpeg_scans(data: ByteSource, limit: int) -> int:
     """The number of scans (SOS markers) in a JPEG, walking segments by length and entropy-coded data to the next
     marker; stops counting at limit + 1. A baseline JPEG has one scan per component layout; progressive encoders
     write about ten."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import logging
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +24,10 @@ from xray_io.errors import (
     is_native_panic,
 )
 from xray_io.radiograph import Radiograph, to_display_uint8
+
+if TYPE_CHECKING:
+    from pydicom.dataset import Dataset
+    from pydicom.uid import UID
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +138,7 @@ def _refuse_deflate_bomb(data: bytes, has_preamble: bool, max_pixels: int) -> No
         ) from exc
 
 
-def _ensure_transfer_syntax(dataset) -> None:
+def _ensure_transfer_syntax(dataset: Dataset) -> None:
     """A file without the Part 10 meta group has no Transfer Syntax UID; pydicom found the encoding by reading it,
     and the pixel decoder needs it named."""
     from pydicom.dataset import FileMetaDataset
@@ -160,7 +166,7 @@ class _Header:
     syntax_name: str
 
 
-def _check_header(dataset, max_pixels: int) -> _Header:
+def _check_header(dataset: Dataset, max_pixels: int) -> _Header:
     modality = str(_value(dataset, "Modality", "Modality") or "").strip().upper()
     if not modality:
         raise UnsupportedImageError(
@@ -252,7 +258,7 @@ def _check_header(dataset, max_pixels: int) -> _Header:
 RLE_SYNTAX = "1.2.840.10008.1.2.5"  # sized by the header: the decoder writes Rows x Columns, whatever the data
 
 
-def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels: int) -> None:
+def _check_codestream_size(dataset: Dataset, syntax: UID, rows: int, columns: int, max_pixels: int) -> None:
     """JPEG-family decoders size their output from the codestream, not from the DICOM header: a 100x100 header
     over a codestream claiming 60000x60000 would allocate gigabytes. Read the codestream's own size first,
     wherever it is (xray_io.codestream walks every fragment, marker and box); a codestream with no size found is
@@ -287,7 +293,7 @@ def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels:
         )
 
 
-def _value(dataset, keyword: str, label: str):
+def _value(dataset: Dataset, keyword: str, label: str) -> Any:
     """A header value, converted by pydicom; a damaged element is the file's fault, said by name."""
     try:
         return dataset.get(keyword)
@@ -299,7 +305,7 @@ def _value(dataset, keyword: str, label: str):
         ) from exc
 
 
-def _int_value(dataset, keyword: str, label: str, default: int) -> int:
+def _int_value(dataset: Dataset, keyword: str, label: str, default: int) -> int:
     value = _value(dataset, keyword, label)
     if value is None or value == "":
         return default
@@ -311,7 +317,7 @@ def _int_value(dataset, keyword: str, label: str, default: int) -> int:
         ) from exc
 
 
-def _decode_pixels(dataset) -> np.ndarray:
+def _decode_pixels(dataset: Dataset) -> np.ndarray:
     from pydicom.pixels import pixel_array
 
     syntax = dataset.file_meta.TransferSyntaxUID
@@ -347,7 +353,7 @@ def _decode_pixels(dataset) -> np.ndarray:
     return pixels
 
 
-def _decoder_available(syntax) -> bool:
+def _decoder_available(syntax: UID) -> bool:
     from pydicom.pixels import get_decoder
 
     try:
@@ -356,7 +362,7 @@ def _decoder_available(syntax) -> bool:
         return False
 
 
-def _value_transform(dataset, warnings: list[str]):
+def _value_transform(dataset: Dataset, warnings: list[str]) -> Callable[[np.ndarray], np.ndarray]:
     """Modality LUT (rescale slope/intercept or LUT), then the VOI LUT or first window, as pydicom defines them.
 
     Returned as a function of the stored values, so that it runs on a table of them rather than on every pixel.
@@ -395,7 +401,7 @@ def _value_transform(dataset, warnings: list[str]):
     return transform
 
 
-def _view_warning(dataset, warnings: list[str]) -> str | None:
+def _view_warning(dataset: Dataset, warnings: list[str]) -> str | None:
     view = str(_value(dataset, "ViewPosition", "View Position") or "").strip().upper() or None
     if view is None:
         warnings.append("View position is not recorded; MedGemma was trained on PA chest films.")

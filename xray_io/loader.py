@@ -42,7 +42,7 @@ def is_dicom_without_preamble(data: bytes) -> bool:
 
 
 def load_radiograph(
-    source: bytes | str | os.PathLike,
+    source: bytes | str | os.PathLike[str],
     filename: str | None = None,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -79,7 +79,7 @@ def load_radiograph(
     return film
 
 
-def _read(source: bytes | str | os.PathLike, max_bytes: int) -> bytes:
+def _read(source: bytes | str | os.PathLike[str], max_bytes: int) -> bytes:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.is_file():

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xray_io.radiograph import Radiograph
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 def pad_to_square(pixels: np.ndarray) -> np.ndarray:
@@ -19,7 +23,7 @@ def pad_to_square(pixels: np.ndarray) -> np.ndarray:
     return square
 
 
-def model_input_image(film: Radiograph):
+def model_input_image(film: Radiograph) -> Image.Image:
     """The exact PIL image handed to the processor (and shown to the user as 'what the model sees')."""
     from PIL import Image
 

@@ -35,7 +35,8 @@ class Radiograph:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.pixels.shape  # type: ignore[return-value]
+        rows, columns = self.pixels.shape
+        return rows, columns
 
 
 def to_display_uint8(
@@ -82,4 +83,5 @@ def to_display_uint8(
     lut = np.clip(np.round((table - darkest) * (255.0 / (brightest - darkest))), 0, 255).astype(np.uint8)
     if invert:
         lut = 255 - lut
-    return lut[index]
+    shown_pixels: np.ndarray = lut[index]  # a fancy index of an array is an array (numpy types it Any)
+    return shown_pixels

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import io
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xray_io.errors import CorruptImageError, ImageTooLargeError, UnsupportedImageError
 from xray_io.radiograph import Radiograph, to_display_uint8
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +30,7 @@ def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        image = Image.open(io.BytesIO(data))  # reads the header only
+        image: Image.Image = Image.open(io.BytesIO(data))  # reads the header only
     except UnidentifiedImageError as exc:
         raise UnsupportedImageError(
             "This is not a PNG, JPEG or DICOM file. Upload the chest X-ray as DICOM (.dcm), PNG or JPEG."
@@ -84,7 +88,7 @@ def _refuse_scan_bomb(data: bytes) -> None:
         )
 
 
-def _grayscale_pixels(image, warnings: list[str]) -> tuple[np.ndarray, str]:
+def _grayscale_pixels(image: Image.Image, warnings: list[str]) -> tuple[np.ndarray, str]:
     if image.mode in SIXTEEN_BIT_MODES:
         return to_display_uint8(np.array(image)), "16-bit"
     if image.mode == "L":
@@ -100,7 +104,7 @@ def _grayscale_pixels(image, warnings: list[str]) -> tuple[np.ndarray, str]:
     raise UnsupportedImageError(f"Pixel mode {image.mode} is not supported; save the film as 8- or 16-bit PNG.")
 
 
-def _apply_exif_orientation(image, warnings: list[str]):
+def _apply_exif_orientation(image: Image.Image, warnings: list[str]) -> Image.Image:
     """Cameras and phones store the sensor's rows and name the rotation in EXIF; viewers rotate, and so must we,
     or the model sees the film sideways."""
     from PIL import ImageOps
