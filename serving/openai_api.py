@@ -296,8 +296,15 @@ def film_loader(settings, cache: DecodedFilms | None = None) -> Callable[[bytes]
     """bytes -> (the model's input image, the film's warnings, a content hash of that image). The image is shared
     between requests that sent the same bytes: read it, never change it."""
     cache = cache if cache is not None else DecodedFilms()
+    reference = None
+    if settings.film_check != "off":
+        from film_check import load_reference
+        from film_check.check import REFERENCE_PATH
+
+        reference = load_reference(settings.film_check_reference or REFERENCE_PATH)
 
     def load(data: bytes) -> tuple:
+        from film_check import check_film
         from xray_io import ImageInputError, load_radiograph
         from xray_io.preprocess import model_input_image
 
@@ -312,7 +319,15 @@ def film_loader(settings, cache: DecodedFilms | None = None) -> Callable[[bytes]
             too_large = type(exc).__name__ == "ImageTooLargeError"
             raise ApiError(413 if too_large else 400, str(exc), param="messages", code="invalid_image") from None
         image = model_input_image(film)
-        loaded = (image, film.warnings, hashlib.sha256(image.tobytes()).hexdigest())
+        warnings = tuple(film.warnings)
+        if reference is not None:  # the same check as the UI's upload: the model reads only chest films
+            verdict = check_film(film.pixels, reference)
+            if not verdict.plausible and settings.film_check == "refuse":
+                logger.warning("refused a film: NotAChestFilmError")
+                raise ApiError(400, verdict.refusal(), param="messages", code="not_a_chest_film")
+            if not verdict.plausible:
+                warnings += (verdict.warning(),)
+        loaded = (image, warnings, hashlib.sha256(image.tobytes()).hexdigest())
         cache.put(key, loaded)
         return loaded
 

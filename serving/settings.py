@@ -25,6 +25,7 @@ from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "medgemma-demo"
+FILM_CHECK_MODES = ("refuse", "warn", "off")
 TORCH_PATHS = ("auto", "eager", "fast")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -76,6 +77,9 @@ class Settings:
     auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
+    film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
+    film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -127,6 +131,7 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
         return self
 
     @property

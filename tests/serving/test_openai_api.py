@@ -25,6 +25,12 @@ PASSWORD = "api-test-password"
 API_KEY = f"teacher:{PASSWORD}"
 
 
+def noise_png() -> bytes:
+    import numpy as np
+
+    return png_bytes(np.random.default_rng(0).integers(0, 256, (512, 512), dtype=np.uint8))
+
+
 def data_url(kind: str, content: bytes) -> str:
     return f"data:{kind};base64,{base64.b64encode(content).decode()}"
 
@@ -135,8 +141,9 @@ def test_a_dicom_follow_up_reuses_the_conversation_and_no_identifier_reaches_the
         (data_url("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG"),
         (data_url("application/dicom", b"\0" * 128 + b"DICM" + b"\x02\x00"), "DICOM"),
         ("data:image/png;base64,@@@not-base64@@@", "base64 payload is damaged"),
+        (data_url("image/png", noise_png()), "does not look like a frontal chest X-ray"),
     ],
-    ids=["https", "http", "truncated-png", "truncated-dicom", "bad-base64"],
+    ids=["https", "http", "truncated-png", "truncated-dicom", "bad-base64", "noise-not-a-chest-film"],
 )
 def test_remote_urls_and_bad_files_are_refused_in_openai_shape(client, model, url, expected):
     with pytest.raises(openai.BadRequestError) as refused:
