@@ -11,7 +11,7 @@ import logging
 import traceback
 import uuid
 
-from assistant.case import EXAMPLE_QUESTIONS, Case, ClosedConversations
+from assistant.case import EXAMPLE_QUESTIONS, Case, ClosedConversations, compact_film
 from assistant.film_notes import film_notes_markdown
 from engine_bundle.defaults import DEMO_NOTICE
 from serving.limits import RequestLimits
@@ -73,6 +73,7 @@ def build_ui(service, uploads=None):
     from film_check.check import REFERENCE_PATH
     from inference_api.errors import RequestError
     from inference_api.types import GenerationStats
+    from serving.answer_lock import AnswerLocks
     from serving.service import ServiceUnavailable
     from serving.upload_cache import NotAnUploadError, UploadGoneError, UploadInbox
 
@@ -83,6 +84,7 @@ def build_ui(service, uploads=None):
     )
     max_tokens = settings.max_new_tokens
     limits = RequestLimits.from_settings(settings)
+    answering = AnswerLocks()
     if uploads is None:
         from gradio.utils import get_upload_folder
 
@@ -129,11 +131,9 @@ def build_ui(service, uploads=None):
             raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
         extra_warnings: tuple[str, ...] = ()
         try:
-            from xray_io.preprocess import model_input_image
-
             data = uploads.take(file_path)  # the upload is deleted from disk here, before decoding
             film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
-            image = model_input_image(film)
+            kept_film, image = compact_film(film)  # the 896-px model input and a small copy, not the film
             if film_reference is not None:
                 verdict = check_film(film.pixels, film_reference)
                 if not verdict.plausible and settings.film_check == "refuse":
@@ -144,14 +144,14 @@ def build_ui(service, uploads=None):
             raise user_error(exc) from exc
         except Exception as exc:
             raise internal_error(exc) from exc
-        preview = image.resize((PREVIEW_SIZE, PREVIEW_SIZE))
+        preview = image.copy()  # already PREVIEW_SIZE square: the model's own input
         # Gradio caches images under a hash of their bytes and rewrites that file on every save, so two users
         # uploading the same film (common on teaching rounds) could be served a half-written preview. A unique
         # PNG text chunk gives each upload its own cache file.
         preview.info["upload"] = uuid.uuid4().hex
         # Warnings appear once, in the notes (not also as toasts, which stacked on repeated uploads).
         notes = film_notes_markdown(film, service.info(), extra_warnings)
-        loaded = (case if isinstance(case, Case) else Case()).with_film(film, image)
+        loaded = (case if isinstance(case, Case) else Case()).with_film(kept_film, image)
         return preview, notes, [], "", loaded
 
     def ask(question: str, case: Case):
@@ -164,8 +164,9 @@ def build_ui(service, uploads=None):
         answer, stats = "", GenerationStats()
         try:
             limits.check_question(len(case.turns) // 2, question)
-            for answer in service.stream_answer(case.ask(question, max_tokens), stats):
-                yield history + [{"role": "assistant", "content": answer}], "", case
+            with answering.hold(case.conversation_id):  # a second question while one streams: "wait"
+                for answer in service.stream_answer(case.ask(question, max_tokens), stats):
+                    yield history + [{"role": "assistant", "content": answer}], "", case
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
@@ -182,8 +183,9 @@ def build_ui(service, uploads=None):
         hidden = gr.update(value=None, visible=False)
         text, stats = "", GenerationStats()
         try:
-            for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
-                yield text, hidden, hidden, None
+            with answering.hold(case.conversation_id):
+                for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
+                    yield text, hidden, hidden, None
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
         except Exception as exc:
@@ -307,6 +309,9 @@ def build_ui(service, uploads=None):
         )
         demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
         gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
+    from teaching_ui import add_teaching_page  # issue 23: the teaching-rounds page at /teaching
+
+    add_teaching_page(demo, service, uploads)
     demo.queue(max_size=service.settings.queue_size, default_concurrency_limit=4)
     return demo
 

@@ -106,3 +106,14 @@ class ClosedConversations:
     def __contains__(self, conversation_id: object) -> bool:
         with self._lock:
             return conversation_id in self._ids
+
+
+def compact_film(film: Radiograph) -> tuple[Radiograph, object]:
+    """What a case keeps of a freshly loaded film (issue 19, section 2): a small copy of the film (same source,
+    warnings and view) and the model's input at the processor's size, for Case.with_film. The full-resolution
+    pixels are not kept, so an idle session costs megabytes, not the film's hundreds. The model image is also the
+    preview the user sees."""
+    from xray_io.preprocess import case_images
+
+    images = case_images(film)
+    return images.preview, images.model_image

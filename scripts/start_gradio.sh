@@ -31,7 +31,8 @@ instance=$(</proc/sys/kernel/random/uuid)
 app_args+=(--host "${host}" --port "${port}" --log_file "${LOG_FILE}" --instance_id "${instance}")
 
 require_venv
-mkdir -p "${LOG_DIR}"
+umask 077  # the console log, PID file and lock are this user's alone (0600), as the server's own files are
+secure_log_dir create
 if pid=$(running_pid); then
   die "already running (PID ${pid}); stop it first with scripts/stop_gradio.sh"
 fi
@@ -51,8 +52,10 @@ fi
 cd "${REPO_ROOT}"
 
 write_pid_file() {
-  printf '%s\n' "$1" >"${PID_FILE}.new"
-  mv -f "${PID_FILE}.new" "${PID_FILE}"  # atomic: a concurrent status never reads a half-written file
+  local fresh
+  fresh=$(mktemp "${PID_FILE}.XXXXXX")  # a new file (O_EXCL, 0600): never a link someone left in its place
+  printf '%s\n' "$1" >"${fresh}"
+  mv -f "${fresh}" "${PID_FILE}"  # atomic: a concurrent status never reads a half-written file
 }
 
 if [[ "${foreground}" == true ]]; then

@@ -65,6 +65,11 @@ class Served:
                 "the %s scheduler did not stop within %.0f s; closing its backend anyway", self.mode, timeout_s
             )
         self.backend.close()
+        # A closed backend's weights and arenas are freed, but glibc keeps them in its heaps (the one-hour soak's
+        # RSS rose in steps at each switch): hand them back so MemoryMax sees what is really in use.
+        from serving.memory import return_freed_memory
+
+        return_freed_memory()
 
 
 class InferenceService:

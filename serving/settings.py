@@ -77,6 +77,22 @@ class Settings:
     auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    # --- teaching rounds (issue 23, teaching_ui.py) ---
+    case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
+    sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
+    # --- hostile clients, round two (issue 19): sessions, connections, uploads, memory ---
+    session_ttl_s: float = 1800.0  # a session's case is dropped this long after its last change (API clients
+    #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
+    session_capacity: int = 1000  # sessions whose state is held at once; the least recently used go first
+    header_timeout_s: float = 10.0  # a connection must finish its request headers within this, or it is closed
+    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
+    max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
+    max_files_per_request: int = 4  # files in one call to the upload route (the UI sends one)
+    upload_cache_max_mb: int = 512  # bytes kept in the upload cache at once; an upload past it is refused (507)
+    upload_max_age_s: int = 120  # an upload nobody read within this is deleted (the UI reads it at once)
+    memory_max_mb: int = 0  # the systemd unit's MemoryMax (MemoryHigh at 90%); 0: no limit
+    log_repeats_per_minute: int = 120  # records from one log call kept per minute beyond a burst; the rest are
+    #   counted and summarised, so a flood cannot rotate earlier lines away
     # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
     film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
     film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
@@ -131,6 +147,18 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _in_range("SESSION_TTL_S", self.session_ttl_s, 10, 7 * 86_400)
+        _in_range("SESSION_CAPACITY", self.session_capacity, 10, 100_000)
+        _in_range("HEADER_TIMEOUT_S", self.header_timeout_s, 1, 600)
+        _in_range("KEEP_ALIVE_TIMEOUT_S", self.keep_alive_timeout_s, 1, 600)
+        _in_range("MAX_CONNECTIONS", self.max_connections, 16, 1_000_000)
+        _in_range("MAX_FILES_PER_REQUEST", self.max_files_per_request, 1, 1000)
+        _in_range("UPLOAD_CACHE_MAX_MB", self.upload_cache_max_mb, 16, 1 << 20)
+        _in_range("UPLOAD_MAX_AGE_S", self.upload_max_age_s, 10, 86_400)
+        _in_range("MEMORY_MAX_MB", self.memory_max_mb, 0, 1 << 24)
+        if 0 < self.memory_max_mb < 2048:
+            raise SettingsError(f"MEMORY_MAX_MB must be 0 (no limit) or at least 2048, got {self.memory_max_mb}")
+        _in_range("LOG_REPEATS_PER_MINUTE", self.log_repeats_per_minute, 1, 1_000_000)
         _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
         return self
 

@@ -26,6 +26,8 @@ LAYERS: dict[str, float] = {
     "serving": 3,
     "engine_build": 3,
     "demo_model": 3,
+    "teaching": 3,
+    "teaching_ui": 3.5,  # the teaching-rounds page: uses serving and teaching (3); app (4) adds it with one call
     "app": 4,
     "batch_films": 4,
     "optimize_trt_engine": 4,
