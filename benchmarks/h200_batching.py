@@ -55,6 +55,11 @@ def parse_args(argv):
         help="the second run: the many-user phases again with the loop's own profile per phase, 100 films with 64 "
         "reporters, and the same phases with a shorter GIL switch interval (A/B)",
     )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated phases to run (e.g. teaching_round,users_16_one_film); default: all",
+    )
     return parser.parse_args(argv)
 
 
@@ -69,6 +74,9 @@ class Run:
         args.output.mkdir(parents=True, exist_ok=True)
 
     def phase(self, name: str, function, *arguments):
+        wanted = [part.strip() for part in self.args.only.split(",") if part.strip()]
+        if wanted and name not in wanted:
+            return None
         left = self.args.time_limit_s - (time.perf_counter() - self.started)
         if left <= 0:
             self.result["phases"][name] = {"skipped": "time limit"}

@@ -288,6 +288,7 @@ def teaching_round(
         "first_answer_ttft_ms": _scaled(percentiles95([a.ttft_s for a in firsts]), 1e3),
         "follow_up_ttft_ms": _scaled(percentiles95([a.ttft_s for a in laters]), 1e3),
         "follow_up_ttft_from_admission_ms": _scaled(percentiles95(_admitted(laters)), 1e3),
+        "follow_up_reused_tokens": percentiles95([a.reused_tokens for a in laters]),
         "per_stream_ms_per_token": percentiles95(
             [a.decode_ms_per_token for a in [*firsts, *laters] if a.decode_ms_per_token is not None]
         ),

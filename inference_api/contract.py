@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
@@ -59,6 +59,22 @@ class Prompt:
     extras: dict = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
 
 
+@dataclass
+class LastTurn:
+    """What a resident conversation's last answer was, so its follow-up can continue from the generated ids.
+
+    A previous answer's text re-tokenises to other ids than the model generated (a different split, the template
+    trimming its spaces), so a follow-up encoded from text alone matches the resident KV only up to that answer.
+    `skeleton` is the last prompt encoded with every assistant turn's text left empty: the next request's skeleton
+    must start with it (same system prompt and questions), and what follows it is the new question's tokens."""
+
+    skeleton: list[int]
+    prompt_ids: list[int]  # the last prompt exactly as fed (earlier answers already as their generated ids)
+    answers: tuple[str, ...]  # the assistant texts that prompt was given
+    answer_ids: list[int]  # the ids generated for the last answer (stop token excluded)
+    answer_text: str | None = None  # their decoding, computed at the first follow-up
+
+
 class Conversation:
     """KV state of one conversation on a backend: exactly the tokens in `ids` have been fed to the model."""
 
@@ -69,16 +85,26 @@ class Conversation:
         self.ids: list[int] = []
         self.in_use = False
         self.forgotten = False  # "new case" while an answer was running: free it when that answer ends
+        self.last_turn: LastTurn | None = None
 
 
 class Generation:
     """One answer in progress. After each prefill/step call: `new_text`, `last_step` and `done` say what happened."""
 
-    def __init__(self, request: GenerationRequest, prompt: Prompt, conversation: Conversation, stats) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prompt: Prompt,
+        conversation: Conversation,
+        stats,
+        skeleton: list[int] | None = None,
+    ) -> None:
         self.request = request
         self.prompt = prompt
         self.conversation = conversation
         self.stats: GenerationStats = stats
+        self.skeleton = skeleton  # the prompt with assistant texts left empty (see LastTurn); None: no conversation
+        self.answer_ids: list[int] = []  # generated ids, stop token excluded (what the next turn may continue from)
         self.prefilled = len(conversation.ids)  # prompt tokens whose KV is in place
         self.pending: int | None = None  # sampled but not fed yet
         self.last_step: TokenStep | None = None
@@ -187,7 +213,10 @@ class InferenceBackend(abc.ABC):
         request.validate()
         stats = stats if stats is not None else GenerationStats()
         with self._lock:
-            prompt = self._encode_impl(request)
+            image_key = None
+            if request.image is not None:
+                image_key = image_hash or image_content_hash(request.image)
+            prompt, skeleton = self._encode_turns(request, image_key)
             if not prompt.ids:
                 raise RequestError("the prompt encoded to no tokens")
             stats.prompt_tokens = len(prompt.ids)
@@ -196,14 +225,12 @@ class InferenceBackend(abc.ABC):
                     f"the conversation ({len(prompt.ids)} tokens) plus the answer ({request.max_new_tokens}) exceeds "
                     f"this model's maximum of {self.max_sequence} tokens; start a new case to continue"
                 )
-            prompt.image_key = None
-            if prompt.image is not None:
-                prompt.image_key = image_hash or image_content_hash(prompt.image)
+            prompt.image_key = image_key if prompt.image is not None else None
             conversation = self._conversation_for(request.conversation_id, prompt)
             reused = len(conversation.ids)
             if not reused:
                 self._copy_cached_prefix(conversation, prompt)
-            generation = Generation(request, prompt, conversation, stats)
+            generation = Generation(request, prompt, conversation, stats, skeleton)
             stats.reused_tokens = reused
             stats.prefix_cached_tokens = generation.prefilled - reused
             generation.decoder = IncrementalDecoder(self._detokenize_impl)
@@ -318,8 +345,19 @@ class InferenceBackend(abc.ABC):
                 and not self._closed
             )
             if keep:
+                # Two answers under one id run on two conversations (the second found no resident one): the one that
+                # ends last stays resident, and the other's KV is freed here, not leaked.
+                replaced = self._resident.pop(conversation.conversation_id, None)
+                if replaced is not None and replaced is not conversation:
+                    self._free(replaced)
+                if generation.skeleton is not None:
+                    conversation.last_turn = LastTurn(
+                        generation.skeleton,
+                        generation.prompt.ids,
+                        tuple(turn.text for turn in generation.request.turns[1::2]),
+                        generation.answer_ids,
+                    )
                 self._resident[conversation.conversation_id] = conversation
-                self._resident.move_to_end(conversation.conversation_id)
                 self._evict_until(self.max_resident_conversations)
             else:
                 self._free(conversation)
@@ -414,6 +452,7 @@ class InferenceBackend(abc.ABC):
             return
         if stats.first_token_s is None:
             stats.first_token_s = time.perf_counter() - generation.started
+        generation.answer_ids.append(step.token_id)
         stats.new_tokens += 1
         stats.token_ids.append(step.token_id)
         stats.token_logprobs.append(step.logprob)
@@ -450,6 +489,48 @@ class InferenceBackend(abc.ABC):
             generation.stats.token_texts.append(piece)
             text += piece
         return text + (generation.decoder.flush() if flush else "")
+
+    def _encode_turns(self, request: GenerationRequest, image_key: str | None) -> tuple[Prompt, list[int] | None]:
+        """The prompt to feed, and its skeleton (see LastTurn) when the request names a conversation.
+
+        A follow-up to a resident conversation continues from the exact ids of its previous turns (whose KV is
+        resident) instead of their re-tokenised text, when the request's history is the one that conversation
+        answered: same film, same earlier turns, and the previous answer's text equal to the decoding of the ids
+        generated for it. The prompt is then what a fresh conversation given that token history would be fed.
+        Anything else (an edited history, another film, an evicted conversation) encodes the text as it is."""
+        if request.conversation_id is None:
+            return self._encode_impl(request), None
+        if len(request.turns) < 2:  # a first question: no answer to leave out
+            prompt = self._encode_impl(request)
+            return prompt, list(prompt.ids)
+        blank = tuple(ChatTurn(turn.role, "" if turn.role == "assistant" else turn.text) for turn in request.turns)
+        prompt = self._encode_impl(replace(request, turns=blank))
+        skeleton = list(prompt.ids)
+        resident = self._resident.get(request.conversation_id)
+        spliced = self._continue_turn(resident, request, image_key, skeleton) if resident is not None else None
+        if spliced is None:
+            return self._encode_impl(request), skeleton
+        prompt.ids = spliced
+        return prompt, skeleton
+
+    def _continue_turn(
+        self, resident: Conversation, request: GenerationRequest, image_key: str | None, skeleton: list[int]
+    ) -> list[int] | None:
+        """The follow-up's ids built on the resident conversation's last turn, or None where that would be wrong."""
+        last = resident.last_turn
+        if last is None or resident.image_key != image_key:
+            return None
+        answers = tuple(turn.text for turn in request.turns[1::2])
+        if answers[:-1] != last.answers:
+            return None
+        if last.answer_text is None:
+            last.answer_text = self._detokenize_impl(last.answer_ids)
+        if answers[-1] != last.answer_text:  # not the answer this conversation gave (cleared, rewritten)
+            return None
+        done = len(last.skeleton)
+        if len(skeleton) <= done or skeleton[:done] != last.skeleton:
+            return None
+        return [*last.prompt_ids, *last.answer_ids, *skeleton[done:]]
 
     def _conversation_for(self, conversation_id: str | None, prompt: Prompt) -> Conversation:
         resident = self._resident.pop(conversation_id, None) if conversation_id is not None else None

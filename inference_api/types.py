@@ -44,8 +44,10 @@ class GenerationRequest:
     """One answer: the film (padded to square, RGB) and the conversation so far, ending with the user's question.
 
     conversation_id: a case's own id. A backend may keep that conversation's KV cache between turns and then
-    prefills only the new tokens; the answer is the same either way. image_key identifies the film (a content
-    hash); the cache is reused only for the same film. Left out, the contract computes one.
+    prefills only the new tokens: a follow-up whose history is the one that conversation answered continues from
+    the ids generated for its answers (the text can re-tokenise to other ids), so its answer is the one a fresh
+    conversation given that token history gives. image_key identifies the film (a content hash); the cache is
+    reused only for the same film. Left out, the contract computes one.
     """
 
     image: Any  # PIL.Image.Image; untyped so this module never imports Pillow
