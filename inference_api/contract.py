@@ -25,23 +25,27 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.decoding import IncrementalDecoder
 from inference_api.errors import BackendClosedError, ConversationTooLongError, NoFreeSlotError, RequestError
 from inference_api.shared_caches import TEXT_ONLY_ROOT, ImageFeatureCache, PrefixBlockCache, image_content_hash
-from inference_api.types import (  # noqa: F401  (re-exported: the contract's vocabulary in one import)
-    DEFAULT_MAX_NEW_TOKENS,
-    MAX_MAX_NEW_TOKENS,
-    SYSTEM_PROMPT,
-    BackendInfo,
-    ChatTurn,
-    GenerationRequest,
-    GenerationStats,
-    Mode,
-    TokenStep,
+# Re-exported (`X as X`, which mypy's strict checks read as an export): the contract's vocabulary in one import.
+from inference_api.types import (
+    DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
+    MAX_MAX_NEW_TOKENS as MAX_MAX_NEW_TOKENS,
+    SYSTEM_PROMPT as SYSTEM_PROMPT,
+    BackendInfo as BackendInfo,
+    ChatTurn as ChatTurn,
+    GenerationRequest as GenerationRequest,
+    GenerationStats as GenerationStats,
+    Mode as Mode,
+    TokenStep as TokenStep,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class Prompt:
     image: Any
     image_key: str | None  # the film's content hash once start() has seen it (a caller's key is only a hint)
     features: Any = None  # the backend's image embedding, computed once (see prepare_images)
-    extras: dict = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
+    extras: dict[str, Any] = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
 
 
 @dataclass
@@ -96,7 +100,7 @@ class Generation:
         request: GenerationRequest,
         prompt: Prompt,
         conversation: Conversation,
-        stats,
+        stats: GenerationStats,
         skeleton: list[int] | None = None,
     ) -> None:
         self.request = request
@@ -120,6 +124,12 @@ class Generation:
     @property
     def prefill_done(self) -> bool:
         return self.pending is not None or self.done
+
+    def text_decoder(self) -> IncrementalDecoder:
+        """The detokeniser InferenceBackend.start attached; a Generation made any other way has none."""
+        if self.decoder is None:
+            raise RuntimeError("This generation has no detokeniser: make generations with InferenceBackend.start().")
+        return self.decoder
 
 
 class InferenceBackend(abc.ABC):
@@ -187,7 +197,7 @@ class InferenceBackend(abc.ABC):
             pass
         return [TokenStep(t, p) for t, p in zip(stats.token_ids, stats.token_logprobs, strict=True)]
 
-    def next_token_logits(self, request: GenerationRequest):
+    def next_token_logits(self, request: GenerationRequest) -> np.ndarray:
         """float32 logits (numpy, vocab-sized) of the first answer token: what a precision check compares as a
         whole distribution (KL), beyond the greedy token."""
         self.check_health()
@@ -305,6 +315,11 @@ class InferenceBackend(abc.ABC):
                     generation.prefilled = end
                     if end == len(generation.prompt.ids):
                         self._save_prefix(generation.conversation, generation.prompt)
+                        if step is None:
+                            raise RuntimeError(
+                                f"{type(self).__name__}._prefill_batch_impl returned no token for a prompt's last "
+                                "chunk (want_token was True); the backend breaks the contract."
+                            )
                         self._accept(generation, step)
             return [g.prefill_done for g in generations]
 
@@ -318,7 +333,7 @@ class InferenceBackend(abc.ABC):
             for index in range(0, len(active), max(1, self.max_batch)):
                 chunk = active[index : index + self.max_batch]
                 kvs = [g.conversation.kv for g in chunk]
-                tokens = [g.pending for g in chunk]
+                tokens = [g.pending for g in chunk if g.pending is not None]  # all of them: `active` has no None
                 positions = [len(g.conversation.ids) for g in chunk]
                 steps = self._decode_impl(kvs, tokens, positions)
                 for generation, token, step in zip(chunk, tokens, steps, strict=True):
@@ -337,17 +352,18 @@ class InferenceBackend(abc.ABC):
             if not conversation.in_use:
                 return
             conversation.in_use = False
+            conversation_id = conversation.conversation_id
             keep = (
-                conversation.conversation_id is not None
+                conversation_id is not None
                 and not conversation.forgotten
                 and self.max_resident_conversations > 0
                 and self.keep_conversations
                 and not self._closed
             )
-            if keep:
+            if keep and conversation_id is not None:  # (keep implies it; mypy does not follow `keep`)
                 # Two answers under one id run on two conversations (the second found no resident one): the one that
                 # ends last stays resident, and the other's KV is freed here, not leaked.
-                replaced = self._resident.pop(conversation.conversation_id, None)
+                replaced = self._resident.pop(conversation_id, None)
                 if replaced is not None and replaced is not conversation:
                     self._free(replaced)
                 if generation.skeleton is not None:
@@ -357,7 +373,7 @@ class InferenceBackend(abc.ABC):
                         tuple(turn.text for turn in generation.request.turns[1::2]),
                         generation.answer_ids,
                     )
-                self._resident[conversation.conversation_id] = conversation
+                self._resident[conversation_id] = conversation
                 self._evict_until(self.max_resident_conversations)
             else:
                 self._free(conversation)
@@ -380,7 +396,7 @@ class InferenceBackend(abc.ABC):
             return list(self._resident)
 
     # --- the rest of the contract ----------------------------------------------------------------------------------
-    def image_features(self, images: Sequence[Any]):
+    def image_features(self, images: Sequence[Any]) -> np.ndarray:
         """Projected image embeddings, float32 numpy of shape (len(images), 256, text hidden size)."""
         self.check_health()
         if not images:
@@ -448,7 +464,7 @@ class InferenceBackend(abc.ABC):
             if deferred:
                 generation.flush_text = True
             else:
-                generation.new_text = generation.decoder.flush()
+                generation.new_text = generation.text_decoder().flush()
             return
         if stats.first_token_s is None:
             stats.first_token_s = time.perf_counter() - generation.started
@@ -460,7 +476,7 @@ class InferenceBackend(abc.ABC):
         if deferred:
             generation.unsent.append(step.token_id)
         else:
-            text = generation.decoder.push(step.token_id)
+            text = generation.text_decoder().push(step.token_id)
             stats.token_texts.append(text)
             generation.new_text = text
         if stats.new_tokens >= generation.request.max_new_tokens:
@@ -468,7 +484,7 @@ class InferenceBackend(abc.ABC):
             if deferred:
                 generation.flush_text = True
             else:
-                generation.new_text += generation.decoder.flush()
+                generation.new_text += generation.text_decoder().flush()
         else:
             generation.pending = step.token_id
 
@@ -485,10 +501,10 @@ class InferenceBackend(abc.ABC):
         """On one other thread, in order: the text those ids add (stats.token_texts too, as inline)."""
         text = ""
         for token in ids:
-            piece = generation.decoder.push(token)
+            piece = generation.text_decoder().push(token)
             generation.stats.token_texts.append(piece)
             text += piece
-        return text + (generation.decoder.flush() if flush else "")
+        return text + (generation.text_decoder().flush() if flush else "")
 
     def _encode_turns(self, request: GenerationRequest, image_key: str | None) -> tuple[Prompt, list[int] | None]:
         """The prompt to feed, and its skeleton (see LastTurn) when the request names a conversation.
@@ -596,7 +612,7 @@ class InferenceBackend(abc.ABC):
         if wanted:
             self._save_prefix_impl(conversation.kv, wanted)
 
-    def _allocate(self):
+    def _allocate(self) -> Any:
         while True:
             try:
                 return self._allocate_impl()
@@ -650,11 +666,11 @@ class InferenceBackend(abc.ABC):
         """Feed prompt.ids[start:end] at positions start..end-1; return the greedy next token if want_token."""
 
     @abc.abstractmethod
-    def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
+    def _decode_impl(self, kvs: list[Any], tokens: list[int], positions: list[int]) -> list[TokenStep]:
         """Feed tokens[i] at positions[i] into kvs[i]; return each sequence's greedy next token."""
 
     @abc.abstractmethod
-    def _prompt_logits_impl(self, kv: Any, prompt: Prompt):
+    def _prompt_logits_impl(self, kv: Any, prompt: Prompt) -> np.ndarray:
         """Prefill the whole prompt into an empty kv; return the next token's float32 logits as a numpy array."""
 
     def _prefill_batch_impl(self, items: list[tuple[Any, Prompt, int, int, bool]]) -> list[TokenStep | None]:
@@ -669,7 +685,7 @@ class InferenceBackend(abc.ABC):
         """Copy kv's prompt block `index` (positions index*B..(index+1)*B-1) into pool block `pool_id`, per pair."""
         raise NotImplementedError
 
-    def cache_stats(self) -> dict:
+    def cache_stats(self) -> dict[str, Any]:
         """Counters for the shared caches and the KV slots, read by metrics and the benchmark (any thread)."""
         return {
             "mm_cache": self.image_cache.stats(),
@@ -697,7 +713,7 @@ class InferenceBackend(abc.ABC):
     def _detokenize_impl(self, ids: list[int]) -> str: ...
 
     @abc.abstractmethod
-    def _image_features_impl(self, images: list[Any]): ...
+    def _image_features_impl(self, images: list[Any]) -> np.ndarray: ...
 
     @abc.abstractmethod
     def _info_impl(self) -> BackendInfo: ...
@@ -713,7 +729,7 @@ class InferenceBackend(abc.ABC):
     def _close_impl(self) -> None: ...
 
 
-def _stack_float32(rows: list):
+def _stack_float32(rows: list[Any]) -> np.ndarray:
     """(n, tokens, hidden) float32 numpy from per-film feature rows (torch tensors on any device, or numpy)."""
     import numpy as np
 
@@ -721,6 +737,6 @@ def _stack_float32(rows: list):
     return np.stack(arrays).astype(np.float32)
 
 
-def _nbytes(value) -> int:
+def _nbytes(value: Any) -> int:
     """Bytes held by a feature array: a torch tensor or a numpy array."""
     return int(getattr(value, "nbytes", 0) or value.numel() * value.element_size())

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 TEXT_ONLY_ROOT = "text-only"
 
 
-def image_content_hash(image) -> str:
+def image_content_hash(image: Any) -> str:
     """A collision-resistant key of the pixels the model will read (about 2 ms for 896x896 RGB)."""
     data = image.tobytes() if hasattr(image, "tobytes") else bytes(image)
     digest = hashlib.blake2b(digest_size=16)
@@ -51,7 +51,7 @@ class ImageFeatureCache:
     SOPInstanceUID) maps to the content hash it was last seen with; a hint that now names other pixels is counted
     as a mismatch and ignored, so the hash alone decides."""
 
-    def __init__(self, capacity_bytes: int, size_of) -> None:
+    def __init__(self, capacity_bytes: int, size_of: Callable[[Any], int]) -> None:
         self.capacity_bytes = max(0, int(capacity_bytes))
         self._size_of = size_of
         self._entries: OrderedDict[str, tuple[Any, int]] = OrderedDict()
@@ -97,7 +97,7 @@ class ImageFeatureCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {
             **self.counters.as_dict(),
             "entries": len(self._entries),
@@ -207,7 +207,7 @@ class PrefixBlockCache:
     def used_blocks(self) -> int:
         return len(self._blocks)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return {
             **self.counters.as_dict(),
             "blocks_used": len(self._blocks),
