@@ -141,7 +141,7 @@ def _headers(text: str) -> list[tuple[int, int, str]]:
         for match in pattern.finditer(text):
             key = _LABEL_KEY.get(" ".join(match.group("label").lower().split()))
             kind = _header_kind(text, match, inline=pattern is _INLINE_HEADER) if key else None
-            if kind is not None:
+            if key is not None and kind is not None:  # (kind is None wherever key is)
                 found.append((match.start(), match.end(), key, kind))
     found.sort()
     kept: list[tuple[int, int, str]] = []

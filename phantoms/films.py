@@ -106,7 +106,7 @@ def dicom_bytes(
     if transfer_syntax not in TRANSFER_SYNTAXES:
         raise ValueError(f"unknown transfer syntax {transfer_syntax!r}; choose from {sorted(TRANSFER_SYNTAXES)}")
     meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = SOP_CLASSES.get(modality, SOP_CLASSES["DX"])
+    meta.MediaStorageSOPClassUID = UID(SOP_CLASSES.get(modality, SOP_CLASSES["DX"]))
     meta.MediaStorageSOPInstanceUID = generate_uid()
     meta.TransferSyntaxUID = UID(UNCOMPRESSED_SYNTAXES["explicit-vr-little-endian"])
     ds = Dataset()

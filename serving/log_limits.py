@@ -52,7 +52,7 @@ class RepeatLimiter(logging.Filter):
                 bucket[2] += 1
                 keep = False
         if summary:
-            self._summarise(record, summary)
+            self._summarise(record, int(summary))  # a count, kept in a list of floats
         return keep
 
     def _summarise(self, record: logging.LogRecord, dropped: int) -> None:

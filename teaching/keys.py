@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import cast
 
 from phantoms.findings import (
     CENTRAL_LINE_ROUTES,
@@ -117,7 +118,7 @@ def key_from_record(record: object, where: str = "the key") -> PhantomLabels:
             f"{where} does not follow the answer-key schema (docs/teaching_cases.md):\n{listed}\n"
             "Fix these fields and load it again."
         )
-    full = {"labels_version": LABELS_VERSION, "seed": 0, "synthetic": TEACHER_KEY_NOTICE, **record}
+    full = {"labels_version": LABELS_VERSION, "seed": 0, "synthetic": TEACHER_KEY_NOTICE, **cast("dict[str, object]", record)}  # validate_key found a JSON object
     return PhantomLabels.from_json(json.dumps(full))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import SupportsFloat, cast
 
 from phantoms.findings import FINDINGS, PhantomLabels
 
@@ -103,7 +104,8 @@ def _matches(field: str, key_value: object, read_value: object) -> bool:
         return False
     if field in TOLERANCES:
         try:
-            return abs(float(read_value) - float(key_value)) <= TOLERANCES[field] + 1e-9
+            # float() of anything else raises TypeError, caught below
+            return abs(float(cast(SupportsFloat, read_value)) - float(cast(SupportsFloat, key_value))) <= TOLERANCES[field] + 1e-9
         except (TypeError, ValueError):
             return False
     return read_value == key_value

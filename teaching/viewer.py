@@ -60,7 +60,8 @@ class DisplayFilm:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.values.shape  # type: ignore[return-value]
+        rows, columns = self.values.shape
+        return rows, columns
 
     @property
     def window_limits(self) -> tuple[float, float]:
@@ -285,14 +286,13 @@ def ruler_mm(film: DisplayFilm, first: tuple[float, float], second: tuple[float,
 def measurement_text(film: DisplayFilm, state: ViewState) -> str:
     """What the current tool has measured, in words (Markdown)."""
     points = state.points
-    calibrated = film.pixel_spacing_mm is not None
     if state.tool == "pan":
         return "Pan: click where the view should centre."
     if state.tool == "ruler":
         if len(points) < 2:
             return f"Ruler: click two points ({len(points)} of 2)."
         pixels = math.dist(points[0], points[1])
-        if not calibrated:
+        if film.pixel_spacing_mm is None:
             return f"Ruler: {pixels:.1f} px (uncalibrated: the film records no pixel spacing)."
         mm = ruler_mm(film, points[0], points[1])
         return f"Ruler: {mm:.1f} mm ({pixels:.1f} px at {film.pixel_spacing_mm[1]:.4g} mm/px)."
@@ -303,7 +303,7 @@ def measurement_text(film: DisplayFilm, state: ViewState) -> str:
     if thorax <= 0:
         return "CTR calliper: the thorax width is zero; click the two inner rib margins again."
     ratio = heart / thorax
-    if calibrated:
+    if film.pixel_spacing_mm is not None:
         col_mm = film.pixel_spacing_mm[1]
         widths = f"heart {heart * col_mm / 10:.1f} cm, thorax {thorax * col_mm / 10:.1f} cm"
     else:

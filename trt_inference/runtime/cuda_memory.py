@@ -50,7 +50,7 @@ class PinnedBuffer:
         import ctypes
 
         raw = (ctypes.c_byte * max(1, self.nbytes)).from_address(int(self.pointer))
-        self.array = np.frombuffer(raw, dtype=dtype)
+        self.array = np.frombuffer(raw, dtype=dtype)  # type: ignore[call-overload]  # a ctypes array is a buffer; numpy's stubs do not list ctypes arrays
 
     def view(self, shape) -> np.ndarray:
         count = int(np.prod(shape))
