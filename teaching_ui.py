@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from teaching.rounds import Round, TeachingSession, library_round, upload_names
 
@@ -625,7 +626,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         shuffle_button.click(shuffle, [state], [case_list, order_note, state], api_name="teaching_shuffle")
         film_upload.upload(upload_film, [film_upload, state], case_outputs, api_name="teaching_upload_film")
         key_upload.upload(upload_key, [key_upload, state], [case_info, state], api_name="teaching_upload_key")
-        view_io = dict(inputs=[state], outputs=[*view_parts, state])
+        view_io: dict[str, Any] = dict(inputs=[state], outputs=[*view_parts, state])
         for button, name in ((lung, "lung"), (mediastinum, "mediastinum"), (bone, "bone"), (file_window, "file")):
             button.click(preset(name), api_name=f"teaching_window_{name}", **view_io)
         invert_button.click(invert, api_name="teaching_invert", **view_io)
@@ -633,10 +634,12 @@ def add_teaching_page(demo, service, uploads) -> None:
         zoom_out.click(zoom(0.5), api_name="teaching_zoom_out", **view_io)
         reset_button.click(reset, api_name="teaching_reset", **view_io)
         centre.release(set_window, [centre, width, state], [*view_parts, state], api_name="teaching_window")
-        width.release(set_window, [centre, width, state], [*view_parts, state], api_name=False)
+        width.release(set_window, [centre, width, state], [*view_parts, state], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
         tool.change(set_tool, [tool, state], [*view_parts, state], api_name="teaching_tool")
-        view.select(clicked, [state], [*view_parts, state], api_name=False)
-        generation = dict(concurrency_limit=settings.generation_concurrency, concurrency_id="generation")
+        view.select(clicked, [state], [*view_parts, state], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        generation: dict[str, Any] = dict(
+            concurrency_limit=settings.generation_concurrency, concurrency_id="generation"
+        )
         reveal_event = reveal_button.click(
             reveal,
             [state, quiz, *form],
@@ -647,8 +650,8 @@ def add_teaching_page(demo, service, uploads) -> None:
         ask_event = ask_button.click(
             ask, [question, state], [chat, question, state], api_name="teaching_ask", **generation
         )
-        submit_event = question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)
-        stop_button.click(None, None, None, cancels=[reveal_event, ask_event, submit_event], api_name=False)
+        submit_event = question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        stop_button.click(None, None, None, cancels=[reveal_event, ask_event, submit_event], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
         report_button.click(
             export_report,
             [state, indication, comparison, recommendation, identifiers],
@@ -658,5 +661,5 @@ def add_teaching_page(demo, service, uploads) -> None:
         export_button.click(
             export_session, [state], [session_csv_button, session_pdf_button], api_name="teaching_export"
         )
-        projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)
+        projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
         page.load(list_cases, None, [case_list, library_note], js=SHORTCUT_JS, api_name="teaching_cases")

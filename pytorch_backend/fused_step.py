@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -145,7 +146,12 @@ class FusedDecodeStep:
         """name -> (bf16 weight, its 8-bit form) for every matrix, for the reconstruction check; empty in bf16."""
         if self.weights == "bf16":
             return {}
-        found = {"lm_head": (self.decoder.lm_head, QuantizedWeight(self.lm_head, self.lm_head_scale, self.weights))}
+        found = {
+            "lm_head": (
+                self.decoder.lm_head,
+                QuantizedWeight(self.lm_head, cast(torch.Tensor, self.lm_head_scale), self.weights),
+            )
+        }  # 8-bit: set
         for index, (layer, matrices) in enumerate(zip(self.decoder.layers, self.matrices, strict=True)):
             for name in MATRICES:
                 data, scale = getattr(matrices, name), getattr(matrices, f"{name}_scale")

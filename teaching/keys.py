@@ -118,7 +118,12 @@ def key_from_record(record: object, where: str = "the key") -> PhantomLabels:
             f"{where} does not follow the answer-key schema (docs/teaching_cases.md):\n{listed}\n"
             "Fix these fields and load it again."
         )
-    full = {"labels_version": LABELS_VERSION, "seed": 0, "synthetic": TEACHER_KEY_NOTICE, **cast("dict[str, object]", record)}  # validate_key found a JSON object
+    full = {
+        "labels_version": LABELS_VERSION,
+        "seed": 0,
+        "synthetic": TEACHER_KEY_NOTICE,
+        **cast("dict[str, object]", record),
+    }  # validate_key found a JSON object
     return PhantomLabels.from_json(json.dumps(full))
 
 

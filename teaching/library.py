@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from phantoms.findings import PhantomLabels
 from teaching.keys import AnswerKeyError, key_from_record
@@ -54,8 +56,11 @@ class Library:
         return [(case.title, case.case_id) for case in self.cases]
 
 
-def shuffled(cases: tuple[LibraryCase, ...] | list[LibraryCase], seed: int | None = None) -> list[LibraryCase]:
-    """The cases in a random order for a quiz (a seed repeats an order)."""
+T = TypeVar("T")
+
+
+def shuffled(cases: Sequence[T], seed: int | None = None) -> list[T]:
+    """The cases (or case ids) in a random order for a quiz (a seed repeats an order)."""
     order = list(cases)
     random.Random(seed).shuffle(order)
     return order
@@ -102,7 +107,8 @@ def load_library(folder: Path) -> Library:
     folder = Path(folder)
     if not folder.is_dir():
         return Library((), (f"The case library folder does not exist ({folder.name}); set CASE_LIBRARY.",))
-    cases, problems = [], []
+    cases: list[LibraryCase] = []
+    problems: list[str] = []
     for sidecar in sorted(folder.glob(f"*{SIDECAR_SUFFIX}")):
         stem = sidecar.name[: -len(SIDECAR_SUFFIX)]
         films = [folder / f"{stem}{suffix}" for suffix in FILM_SUFFIXES if (folder / f"{stem}{suffix}").is_file()]

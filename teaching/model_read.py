@@ -110,7 +110,7 @@ def _read_pleura(text: str, read: dict) -> None:
         if effusion:
             read["effusion.size"] = effusion.group(1).lower()
             side = effusion.group(2).lower()
-        else:
+        elif side_first is not None:  # always so here: see the condition above
             side = side_first.group(1).lower()
         read["effusion.side"] = "both" if side == "bilateral" else side
     else:

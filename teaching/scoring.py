@@ -105,7 +105,10 @@ def _matches(field: str, key_value: object, read_value: object) -> bool:
     if field in TOLERANCES:
         try:
             # float() of anything else raises TypeError, caught below
-            return abs(float(cast(SupportsFloat, read_value)) - float(cast(SupportsFloat, key_value))) <= TOLERANCES[field] + 1e-9
+            return (
+                abs(float(cast(SupportsFloat, read_value)) - float(cast(SupportsFloat, key_value)))
+                <= TOLERANCES[field] + 1e-9
+            )
         except (TypeError, ValueError):
             return False
     return read_value == key_value

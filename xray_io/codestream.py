@@ -32,6 +32,7 @@ class DeclaredImage:
     components: int
     scans: int = 0  # counted only by count_jpeg_scans
 
+
 # What the readers accept: anything memoryview() takes that the decoders hand us.
 ByteSource = bytes | bytearray | memoryview
 

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from assistant.batch.csv_view import write_csv
 from assistant.batch.dicom_png import conversion_result, looks_like_dicom
@@ -181,8 +182,9 @@ class _Run:
                     groups.append(([entry], self._embed([entry])))
                 except Exception as exc:
                     self.fail(entry[0], ["features"], exc, entry[2])
+        shards = cast(FeatureShards, self.shards)  # made in __init__ for every plan with the features task
         for group, features in groups:
-            shard = self.shards.write(features)
+            shard = shards.write(features)
             for row, (film, _, about, _) in enumerate(group):
                 self.append(features_record(film, self.plan.record_names, about, shard, row, features.shape[1:]))
 
@@ -212,7 +214,8 @@ class _Run:
                 qa_span = slice(start, len(requests))
             spans.append((report_at, qa_span))
         try:
-            outcomes = list(self.run_requests(requests))
+            run_requests = cast(RunRequests, self.run_requests)  # a plan with generation tasks has a backend
+            outcomes = list(run_requests(requests))
             if len(outcomes) != len(requests):
                 raise RuntimeError(f"run_requests returned {len(outcomes)} outcomes for {len(requests)} requests")
         except Exception as exc:
