@@ -31,33 +31,16 @@ from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.decoding import IncrementalDecoder
 from inference_api.errors import BackendClosedError, ConversationTooLongError, NoFreeSlotError, RequestError
 from inference_api.shared_caches import TEXT_ONLY_ROOT, ImageFeatureCache, PrefixBlockCache, image_content_hash
-
 from inference_api.types import (  # noqa: F401  (re-exported: the contract's vocabulary in one import)
     DEFAULT_MAX_NEW_TOKENS,
-)
-from inference_api.types import (
-    MAX_MAX_NEW_TOKENS as MAX_MAX_NEW_TOKENS,
-)
-from inference_api.types import (
-    SYSTEM_PROMPT as SYSTEM_PROMPT,
-)
-from inference_api.types import (
-    BackendInfo as BackendInfo,
-)
-from inference_api.types import (
-    ChatTurn as ChatTurn,
-)
-from inference_api.types import (
-    GenerationRequest as GenerationRequest,
-)
-from inference_api.types import (
-    GenerationStats as GenerationStats,
-)
-from inference_api.types import (
-    Mode as Mode,
-)
-from inference_api.types import (
-    TokenStep as TokenStep,
+    MAX_MAX_NEW_TOKENS,
+    SYSTEM_PROMPT,
+    BackendInfo,
+    ChatTurn,
+    GenerationRequest,
+    GenerationStats,
+    Mode,
+    TokenStep,
 )
 
 if TYPE_CHECKING:
