@@ -68,6 +68,13 @@ class Ticket:
         self._cancelled = threading.Event()
         self._admitted = threading.Event()
 
+    @property
+    def started(self) -> Generation:
+        """The generation, for the loop: every ticket in its prefilling and active lists has been admitted."""
+        if self.generation is None:
+            raise RuntimeError("This ticket has not been admitted yet, so it has no generation.")
+        return self.generation
+
     # --- handler side -------------------------------------------------------------------------------------
     def cancel(self) -> None:
         self._cancelled.set()
@@ -233,7 +240,7 @@ class Scheduler:
             budget = max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
             profile["prefill_prompts"] += len(self._prefilling)
             try:
-                done = self.backend.prefill_batch([ticket.generation for ticket in self._prefilling], budget)
+                done = self.backend.prefill_batch([ticket.started for ticket in self._prefilling], budget)
             except Exception as exc:  # these answers fail; the running ones go on
                 logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
                 failed, self._prefilling = self._prefilling, []
@@ -246,27 +253,27 @@ class Scheduler:
                         still.append(ticket)
                         continue
                     self._emit(ticket)
-                    if not ticket.generation.done:
+                    if not ticket.started.done:
                         self._active.append(ticket)
                 self._prefilling = still
         prefilled = clock()
         profile["prefill_s"] += prefilled - admitted
         if self._active:
             profile["decode_rows"] += len(self._active)
-            self.backend.step([ticket.generation for ticket in self._active])
+            self.backend.step([ticket.started for ticket in self._active])
             stepped = clock()
             profile["decode_s"] += stepped - prefilled
             still = []
             for ticket in self._active:
                 self._emit(ticket)
-                if not ticket.generation.done:
+                if not ticket.started.done:
                     still.append(ticket)
             self._active = still
             profile["emit_s"] += clock() - stepped
         profile["turns"] += 1
 
     def _admit_waiting(self) -> None:
-        admitted = []
+        admitted: list[Ticket] = []
         with self._cond:
             while self._waiting and self.running + len(admitted) < self.max_active:
                 admitted.append(self._waiting.popleft())
@@ -289,7 +296,7 @@ class Scheduler:
             started.append(ticket)
         if started:
             try:
-                self.backend.prepare_images([ticket.generation for ticket in started])
+                self.backend.prepare_images([ticket.started for ticket in started])
             except Exception as exc:
                 logger.error("vision batch failed: %s: %s", type(exc).__name__, one_line(exc))
                 for ticket in started:
@@ -305,7 +312,7 @@ class Scheduler:
 
     def _emit(self, ticket: Ticket) -> None:
         """Hand the new token ids to the output thread; free the KV state (here, on the loop) once done."""
-        generation = ticket.generation
+        generation = ticket.started
         ids, flush = self.backend.take_unsent(generation)
         if generation.done:
             self.backend.finish(generation)
@@ -313,7 +320,8 @@ class Scheduler:
             self._outbox.put((ticket, ids, flush, generation.done, None))
 
     def _end(self, ticket: Ticket, error: BaseException | None) -> None:
-        ids, flush = [], False
+        ids: list[int] = []
+        flush = False
         try:
             if ticket.generation is not None:
                 ids, flush = self.backend.take_unsent(ticket.generation)
