@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -139,7 +140,8 @@ class OnnxSequence:
     the executor's running decode batch, its KV lives there and is cut out on first use alone."""
 
     def __init__(self, executor: OnnxRuntimeExecutor, slot: int) -> None:
-        self.executor, self.slot = executor, slot
+        self.executor = executor
+        self.slot: int | None = slot  # None once closed
         self._kv: list[np.ndarray] | None = None  # (batch, kv_heads, 1 + past_length, head_dim) per layer and kind
         self.batch: _DecodeBatch | None = None
 
@@ -155,7 +157,7 @@ class OnnxSequence:
         self.batch, self._kv = None, value
 
     def _take_from_batch(self, row: int) -> None:
-        batch, self.batch = self.batch, None
+        batch, self.batch = cast(_DecodeBatch, self.batch), None  # called only while it is in a batch
         valid = np.concatenate([[0], np.flatnonzero(batch.key_positions[row, 1:] >= 0) + 1])
         self._kv = [np.ascontiguousarray(value[row : row + 1, :, valid]) for value in batch.kv]
 

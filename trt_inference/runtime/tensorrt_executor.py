@@ -213,7 +213,7 @@ class TensorRTExecutor:
             _require_room(name, tuple(context.get_tensor_shape(name)), dtype, buffer)
             if not context.set_tensor_address(name, int(buffer.pointer)):
                 raise EngineExecutionError(f"TensorRT refused the address of output {name}:\n{self.log.text()}")
-        if not context.execute_async_v3(_stream_pointer(self.stream.handle)):
+        if not context.execute_async_v3(_stream_pointer(self.open_stream.handle)):
             raise EngineExecutionError(f"TensorRT execution failed:\n{self.log.text()}")
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
@@ -230,15 +230,15 @@ class TensorRTExecutor:
         with self.lock:
             staged = self.pixels_host.view(pixel_values.shape)
             staged[...] = pixel_values
-            copy_host_to_device(self.vision_in, staged, self.stream)
+            copy_host_to_device(self.vision_in, staged, self.open_stream)
             self._execute(
                 self.vision_context,
                 {"pixel_values": (self.vision_in, pixel_values.shape, np.float32)},
                 {"image_embeds": (self.vision_out, np.float32)},
             )
             result = self.vision_host.view((batch, self.image_tokens, self.hidden))
-            copy_device_to_host(result, self.vision_out, self.stream)
-            self.stream.synchronize()
+            copy_device_to_host(result, self.vision_out, self.open_stream)
+            self.open_stream.synchronize()
             return result.copy()
 
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
@@ -247,15 +247,15 @@ class TensorRTExecutor:
         with self.lock:
             staged = self.ids_host.view(input_ids.shape)
             staged[...] = input_ids
-            copy_host_to_device(self.ids_in, staged, self.stream)
+            copy_host_to_device(self.ids_in, staged, self.open_stream)
             self._execute(
                 self.embed_context,
                 {"input_ids": (self.ids_in, input_ids.shape, np.int64)},
                 {"inputs_embeds": (self.embed_out, np.float32)},
             )
             result = self.embed_host.view((*input_ids.shape, self.hidden))
-            copy_device_to_host(result, self.embed_out, self.stream)
-            self.stream.synchronize()
+            copy_device_to_host(result, self.embed_out, self.open_stream)
+            self.open_stream.synchronize()
             return result.copy()
 
     def new_sequence(self, timeout_s: float | None = DEFAULT_SLOT_TIMEOUT_S) -> _TensorRTSequence:
@@ -263,6 +263,13 @@ class TensorRTExecutor:
         if self._closed:
             raise EngineExecutionError("the TensorRT executor is closed")
         return _TensorRTSequence(self, self.slots.acquire(timeout_s))
+
+    @property
+    def open_stream(self) -> CudaStream:
+        """The executor's one stream (made in __init__, after everything that close() must free exists)."""
+        if self.stream is None:
+            raise RuntimeError("The TensorRT executor has no CUDA stream: its __init__ failed before making one.")
+        return self.stream
 
     def close(self) -> None:
         """Free every buffer, the stream, the contexts and the engines. Idempotent; safe after a failed __init__."""
@@ -320,16 +327,17 @@ class _TensorRTSequence:
     """One conversation on a decoder slot. The cache holds the dead slot plus past_length tokens, (1, heads, T, dim)."""
 
     def __init__(self, executor: TensorRTExecutor, slot: _DecoderSlot) -> None:
-        self.executor, self.slot = executor, slot
+        self.executor = executor
+        self.slot: _DecoderSlot | None = slot  # None once closed
         self.past_length = 0  # tokens in the cache, the dead slot not counted
         self.started = False  # the dead slot is zeroed on the first run
         self.current = 0  # which of the two KV buffer sets holds the past
 
-    def _zero_dead_slot(self) -> None:
+    def _zero_dead_slot(self, slot: _DecoderSlot) -> None:
         e = self.executor
         nbytes = e.kv_heads * e.head_dim * 4  # shape (1, kv_heads, 1, head_dim), contiguous
-        for buffer in self.slot.kv[self.current]:
-            memset_async(buffer, 0, nbytes, e.stream)
+        for buffer in slot.kv[self.current]:
+            memset_async(buffer, 0, nbytes, e.open_stream)
         self.started = True
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
@@ -345,7 +353,7 @@ class _TensorRTSequence:
             raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {self.past_length} plus {new} new")
         with e.lock:
             if not self.started:
-                self._zero_dead_slot()
+                self._zero_dead_slot(slot)
             feeds = {
                 "inputs_embeds": (inputs_embeds, np.float32),
                 "position_ids": (position_ids, np.int64),
@@ -362,7 +370,7 @@ class _TensorRTSequence:
             for name, (value, dtype) in feeds.items():
                 staged = slot.host[name].view(value.shape)
                 staged[...] = value.astype(dtype, copy=False)
-                copy_host_to_device(device[name], staged, e.stream)
+                copy_host_to_device(device[name], staged, e.open_stream)
                 inputs[name] = (device[name], value.shape, dtype)
             past, present = slot.kv[self.current], slot.kv[1 - self.current]
             kv_shape = (1, e.kv_heads, 1 + self.past_length, e.head_dim)
@@ -373,8 +381,8 @@ class _TensorRTSequence:
                     outputs[present_name(kind, index)] = (present[2 * index + offset], np.float32)
             e._execute(slot.context, inputs, outputs)
             logits = slot.logits_host.view((1, 1, e.vocab))
-            copy_device_to_host(logits, slot.logits, e.stream)
-            e.stream.synchronize()
+            copy_device_to_host(logits, slot.logits, e.open_stream)
+            e.open_stream.synchronize()
             self.current, self.past_length = 1 - self.current, total - 1
             return logits[:, -1].copy()
 
@@ -399,9 +407,9 @@ class _TensorRTSequence:
                     (1 + self.past_length) * row,
                     (1 + past_length) * row,
                     e.kv_heads,
-                    e.stream,
+                    e.open_stream,
                 )
-            e.stream.synchronize()
+            e.open_stream.synchronize()
             self.current, self.past_length = 1 - self.current, past_length
 
     def close(self) -> None:
