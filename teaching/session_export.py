@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from phantoms.findings import PhantomLabels
-from teaching.scoring import READ_FIELDS, Score, read_from_labels, score_read, shown
+from teaching.scoring import READ_FIELDS, FieldMark, Score, read_from_labels, score_read, shown
 
 REMOVED = "[removed]"
 CSV_COLUMNS = (
@@ -76,18 +76,24 @@ def read_summary(read: dict | None) -> str:
     return "; ".join(["findings: " + (", ".join(present) or "none")] + details)
 
 
+def _scored_marks(student: Score | None, model: Score | None) -> tuple[FieldMark, ...]:
+    """The key's fields as scored: the model's marks, else the student's (both score every field of one key)."""
+    scored = model or student
+    return scored.marks if scored is not None else ()
+
+
 def _marks(record: CaseRecord) -> str:
     if record.key is None:
         return "no key"
     student, model = record.student_score, record.model_score
     parts = []
-    for mark in (model or student).marks:
+    for mark in _scored_marks(student, model):
         cells = [f"key {shown(mark.key)}"]
-        if student is not None:
-            s = student.mark(mark.field)
+        s = student.mark(mark.field) if student is not None else None
+        if s is not None:
             cells.append(f"student {shown(s.read)} {'right' if s.right else 'WRONG'}")
-        if model is not None:
-            m = model.mark(mark.field)
+        m = model.mark(mark.field) if model is not None else None
+        if m is not None:
             cells.append(f"model {shown(m.read)} {'right' if m.right else 'WRONG'}")
         parts.append(f"{mark.label}: " + ", ".join(cells))
     return " | ".join(parts)
@@ -170,7 +176,7 @@ def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title:
             header = ["Field", "Key", "Student", "Model"]
             rows = [header]
             student, model = record.student_score, record.model_score
-            for mark in (model or student).marks:
+            for mark in _scored_marks(student, model):
                 s = student.mark(mark.field) if student else None
                 m = model.mark(mark.field) if model else None
                 rows.append(
