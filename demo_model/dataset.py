@@ -8,7 +8,9 @@ answers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +19,9 @@ from inference_api.contract import SYSTEM_PROMPT
 from phantoms.evaluation import TRAIN_SEED_BASE
 from phantoms.findings import PhantomLabels, sample_labels
 from phantoms.questions import FINDING_QUESTIONS
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_INDEX = -100
 
@@ -41,7 +46,7 @@ class Batch:
     film_labels: list = field(default_factory=list)  # each film's PhantomLabels (the auxiliary targets)
 
 
-def chat(turns: list[tuple[str, str | None]]) -> list[dict]:
+def chat(turns: Sequence[tuple[str, str | None]]) -> list[dict]:
     """Messages as the serving layer builds them (inference_api.contract.chat_messages): system prompt, the film in
     the first user turn. An answer of None leaves the conversation open at that question."""
     messages: list[dict] = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}]
@@ -66,7 +71,7 @@ class ConversationTokeniser:
         self.image_token_id = tokenizer.convert_tokens_to_ids(tokenizer.image_token)
         self.model_header = tokenizer("model\n", add_special_tokens=False)["input_ids"]
 
-    def ids(self, turns: list[tuple[str, str | None]], add_generation_prompt: bool = False) -> list[int]:
+    def ids(self, turns: Sequence[tuple[str, str | None]], add_generation_prompt: bool = False) -> list[int]:
         text = self.processor.apply_chat_template(
             chat(turns), tokenize=False, add_generation_prompt=add_generation_prompt
         )
@@ -137,6 +142,10 @@ def pooled_film(seed: int, variants: int, tokeniser: ConversationTokeniser | Non
     """Draw, preprocess and tokenise one film: a pure function of its seed (so the pool is the same for any
     number of workers)."""
     tokeniser = tokeniser or _WORKER_TOKENISER
+    if tokeniser is None:
+        raise RuntimeError(
+            "pooled_film needs a tokeniser: pass one, or call it in a pool worker made with _init_worker."
+        )
     rng = np.random.default_rng([seed, 7])
     image, labels = film_image(seed, rng)
     values = tokeniser.processor.image_processor(images=[image], return_tensors="np")["pixel_values"][0, 0]
@@ -176,7 +185,8 @@ class TeachingData:
                 self.films = pool.map(_pooled_film_task, tasks, chunksize=8)
         else:
             self.films = [pooled_film(seed, count, self.tokeniser) for seed, count in tasks]
-        self._pixels, self._pixels_device = None, None
+        self._pixels: torch.Tensor | None = None
+        self._pixels_device: str | None = None
 
     def film_seed(self, index: int) -> int:
         return TRAIN_SEED_BASE + self.data_seed * 100_000_000 + index

@@ -142,7 +142,7 @@ def first_token_accuracy(model, processor, phantoms, device, readout=None) -> di
                 said_yes = bool(logits[row, yes] > logits[row, no])
                 hits[finding] += int(said_yes == phantom.labels.present(finding))
     model.train()
-    accuracy = {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
+    accuracy: dict[str, float | dict[str, float]] = {finding: hits[finding] / len(phantoms) for finding in FINDINGS}
     if readout is not None:
         accuracy["readout"] = {finding: readout_hits[finding] / len(phantoms) for finding in FINDINGS}
     return accuracy
