@@ -23,7 +23,7 @@ FOLLOW_UPS = (
 def film(seed: int = 0):
     """A synthetic PA phantom, through the serving preprocessing (padded square RGB)."""
     data = png_bytes(quantize(chest_phantom(rows=1024, cols=896, seed=seed), 8))
-    return model_input_image(load_radiograph(data, "benchmark.png"))
+    return model_input_image(load_radiograph(data))
 
 
 def question_request(image, max_new_tokens: int, conversation_id: str | None = None) -> GenerationRequest:

@@ -11,8 +11,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 foreground=false
 timeout_s=${START_TIMEOUT:-600}
-host=${HOST:-127.0.0.1}
-port=${PORT:-7860}
+host=""
+port=""
 app_args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -27,10 +27,12 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
+require_venv
+# HOST and PORT from the environment, with the defaults of serving/settings.py (read, not copied).
+[[ -n "${host}" ]] || host=$(setting host) || die "bad HOST (see above)"
+[[ -n "${port}" ]] || port=$(setting port) || die "bad PORT (see above)"
 instance=$(</proc/sys/kernel/random/uuid)
 app_args+=(--host "${host}" --port "${port}" --log_file "${LOG_FILE}" --instance_id "${instance}")
-
-require_venv
 umask 077  # the console log, PID file and lock are this user's alone (0600), as the server's own files are
 secure_log_dir create
 if pid=$(running_pid); then

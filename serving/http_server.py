@@ -128,37 +128,38 @@ def _then(callback, after):
     return both
 
 
-class DrainingServer:
+def draining_server(config, service, drain_timeout_s: float):
     """uvicorn's server, but SIGTERM first lets running answers finish (the UI's event streams stay open forever,
-    so waiting on connections would always hit the timeout). A second signal stops at once."""
+    so waiting on connections would always hit the timeout). A second signal stops at once. uvicorn is imported
+    here, not at module import."""
+    import uvicorn
 
-    def __new__(cls, config, service, drain_timeout_s: float):
-        import uvicorn
+    from serving.systemd_notify import notify
 
-        from serving.systemd_notify import notify
+    class DrainingServer(uvicorn.Server):
+        _draining = False
+        drain_thread: threading.Thread | None = None  # owned here; it ends by setting should_exit
 
-        class _Server(uvicorn.Server):
-            _draining = False
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # listening now: only here is "ready" true for systemd's Type=notify
+                notify("READY=1", f"STATUS=serving on port {config.port} (mode {service.mode})")
 
-            async def startup(self, sockets=None) -> None:
-                await super().startup(sockets=sockets)
-                if self.started:  # listening now: only here is "ready" true for systemd's Type=notify
-                    notify("READY=1", f"STATUS=serving on port {config.port} (mode {service.mode})")
+        def handle_exit(self, sig, frame) -> None:
+            if self._draining:
+                return super().handle_exit(sig, frame)
+            self._draining = True
+            notify("STOPPING=1", f"STATUS=draining: running answers get up to {drain_timeout_s:g} s")
+            logger.info("signal %d: refusing new work, letting running answers finish", sig)
+            self.drain_thread = threading.Thread(target=self._drain_then_exit, name="drain", daemon=True)
+            self.drain_thread.start()
 
-            def handle_exit(self, sig, frame) -> None:
-                if self._draining:
-                    return super().handle_exit(sig, frame)
-                self._draining = True
-                notify("STOPPING=1", f"STATUS=draining: running answers get up to {drain_timeout_s:g} s")
-                logger.info("signal %d: refusing new work, letting running answers finish", sig)
-                threading.Thread(target=self._drain_then_exit, name="drain", daemon=True).start()
+        def _drain_then_exit(self) -> None:
+            if not service.drain(drain_timeout_s):
+                logger.warning("answers still running after %.0f s; stopping anyway", drain_timeout_s)
+            self.should_exit = True
 
-            def _drain_then_exit(self) -> None:
-                if not service.drain(drain_timeout_s):
-                    logger.warning("answers still running after %.0f s; stopping anyway", drain_timeout_s)
-                self.should_exit = True
-
-        return _Server(config)
+    return DrainingServer(config)
 
 
 def configure_logging(log_file: Path | None, repeats_per_minute: int | None = None):
@@ -277,7 +278,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         timeout_keep_alive=settings.keep_alive_timeout_s,
         limit_concurrency=settings.max_connections,  # beyond it: an immediate 503, never a stalled accept()
     )
-    server = DrainingServer(config, service, settings.drain_timeout_s)
+    server = draining_server(config, service, settings.drain_timeout_s)
     logger.info(
         "serving on http://%s:%d (mode %s, login %s)",
         settings.host,
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
         server.run(sockets=[listener])
     finally:
+        if server.drain_thread is not None:  # finished when should_exit was set; joined as its owner
+            server.drain_thread.join(timeout=settings.drain_timeout_s)
         if control is not None:
             control.close()
         service.close()

@@ -23,7 +23,7 @@ QUESTIONS = ("What are the main findings?", "And the heart?", "Any pleural effus
 
 @pytest.fixture(scope="module")
 def film():
-    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=0), 8)), "f.png"))
+    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=0), 8))))
 
 
 @pytest.fixture(scope="module")

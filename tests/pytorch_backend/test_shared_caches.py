@@ -18,9 +18,7 @@ QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the
 
 @pytest.fixture(scope="module")
 def films():
-    return [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png")) for s in range(3)
-    ]
+    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,7 @@ def engine(fp32_bundle):
 
 @pytest.fixture(scope="module")
 def requests():
-    films = [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png")) for s in range(3)
-    ]
+    films = [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
     return [
         GenerationRequest(film, (ChatTurn("user", question),), max_new_tokens=6 + 3 * index)
         for index, (film, question) in enumerate(zip(films, QUESTIONS, strict=True))
