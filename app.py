@@ -198,7 +198,7 @@ def build_ui(service, uploads=None):
             "film": case.film_label,
             "model": info.model_id if info else None,
             "executor": info.executor if info else None,
-            "source": case.film.source,
+            "source": case.film.source if case.film is not None else "",  # (active(case) above: it has one)
             **answer_metadata(stats),
         }
         stem = export_stem(report_id, case.film_label)

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from inference_api.types import ChatTurn, GenerationRequest
 from xray_io import Radiograph
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 EXAMPLE_QUESTIONS = (
     "What are the main findings on this chest X-ray?",
@@ -108,7 +112,7 @@ class ClosedConversations:
             return conversation_id in self._ids
 
 
-def compact_film(film: Radiograph) -> tuple[Radiograph, object]:
+def compact_film(film: Radiograph) -> tuple[Radiograph, Image.Image]:
     """What a case keeps of a freshly loaded film (issue 19, section 2): a small copy of the film (same source,
     warnings and view) and the model's input at the processor's size, for Case.with_film. The full-resolution
     pixels are not kept, so an idle session costs megabytes, not the film's hundreds. The model image is also the

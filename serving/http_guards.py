@@ -14,6 +14,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from serving.upload_cache import FORGED_PATH_MESSAGE
 
@@ -278,7 +279,7 @@ class RouteGuard:
             return await _answer(send, 507, {"detail": UPLOAD_FULL_MESSAGE}, ((b"retry-after", b"60"),))
         boundary = _boundary(headers.get(b"content-type", b""))
         counter = _DelimiterCounter(boundary) if boundary else None
-        state = {"too_many": False, "answered": False, "status": 0, "body": b""}
+        state: dict[str, Any] = {"too_many": False, "answered": False, "status": 0, "body": b""}
 
         async def counted_receive():
             message = await receive()

@@ -15,12 +15,13 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from serving.settings import Settings, SettingsError
 
 logger = logging.getLogger("app")
 
-NO_API_DOCS = {"docs_url": None, "redoc_url": None, "openapi_url": None}
+NO_API_DOCS: dict[str, Any] = {"docs_url": None, "redoc_url": None, "openapi_url": None}
 MAX_REQUEST_HEAD_BYTES = 16 << 10  # request line plus headers (h11's default, said on purpose)
 
 

@@ -29,8 +29,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference_api.errors import RequestError
 from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
@@ -136,12 +137,13 @@ def decode_data_url(url: object, max_bytes: int) -> bytes:
         ) from None
 
 
-def _text_and_images(content: object, role: str, index: int) -> tuple[str, list[str]]:
+def _text_and_images(content: object, role: str, index: int) -> tuple[str, list[object]]:
     if isinstance(content, str):
         return content, []
     if not isinstance(content, list):
         raise ApiError(400, f"messages[{index}].content must be a string or a list of parts.", param="messages")
-    texts, images = [], []
+    texts: list[str] = []
+    images: list[object] = []  # image references as sent; checked where they are read
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
@@ -197,7 +199,9 @@ def parse_chat_request(
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list.", param="messages")
-    system_prompt, turns, image_urls = None, [], []
+    system_prompt: str | None = None
+    turns: list[ChatTurn] = []
+    image_urls: list[object] = []
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         if role not in ("system", "developer", "user", "assistant"):
@@ -350,7 +354,7 @@ def extension(stats: GenerationStats, call: ChatCall, replica: str | None, recei
     from assistant.confidence import answer_confidence
 
     confidence = answer_confidence(stats.token_ids, stats.token_logprobs, stats.token_texts)
-    result = {
+    result: dict[str, Any] = {
         "confidence": confidence.to_dict() if confidence else None,
         "reused_tokens": stats.reused_tokens,
         "decoding": "greedy",
@@ -592,7 +596,7 @@ def add_openai_routes(api, service, auth: Callable[[str, str], bool] | None = No
                 "medgemma": extension(stats, call, getattr(stats, "replica", replica), received),
             }
 
-        async def events() -> Iterator[bytes]:
+        async def events() -> AsyncIterator[bytes]:
             cursor, sent = TokenCursor(stats), ""
             base = {
                 "id": completion_id,

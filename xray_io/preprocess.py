@@ -45,7 +45,7 @@ class CaseImages:
         (Pillow, as the processor does), so the model sees the same pixels. full_shape: the film's (rows, columns).
     """
 
-    model_image: object
+    model_image: Image.Image
     preview: Radiograph
     full_shape: tuple[int, int]
 
