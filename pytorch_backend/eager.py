@@ -48,7 +48,8 @@ class TorchInference(InferenceBackend):
             self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
             self.processor = AutoProcessor.from_pretrained(self.model_path)
             self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
-            self.model.to(self.device).eval()
+            # transformers wraps PreTrainedModel.to so that its stub reads the device as `self`
+            self.model.to(self.device).eval()  # type: ignore[arg-type]
         else:
             self.model, self.processor = preloaded
             parameter = next(self.model.parameters())
@@ -145,7 +146,8 @@ class TorchInference(InferenceBackend):
     # --- the rest of the contract ------------------------------------------------------------------------------
     def _image_features_impl(self, images: list):
         with self._torch.inference_mode():
-            features = self.model.get_image_features(pixel_values=self.pixel_values(images))
+            # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
+            features = self.model.get_image_features(pixel_values=self.pixel_values(images))  # type: ignore[operator]
         features = getattr(features, "pooler_output", features)
         return features.float().cpu().numpy()
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.contract import DEFAULT_IMAGE_CACHE_GIB, Prompt, TokenStep
 from inference_api.errors import NoFreeSlotError
 from inference_api.shared_caches import ImageFeatureCache, PrefixBlockCache
 from pytorch_backend.eager import TorchInference
+
+if TYPE_CHECKING:
+    from pytorch_backend.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ class FastTorchInference(TorchInference):
             from pytorch_backend.fused_step import FusedDecodeStep
 
             self.fused = FusedDecodeStep(self.decoder, weights)
-        self._graphs = None
+        self._graphs: DecodeGraphs | None = None
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
         self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), self.image_cache._size_of)
         blocks = int(prefix_cache_gib * 2**30) // self.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
@@ -124,9 +128,10 @@ class FastTorchInference(TorchInference):
         pixels = self.pixel_values([prompt.image for prompt in prompts])
         # The compiled tower has one shape (a single film); batches run eagerly, so no shape ever recompiles at
         # serving time.
+        # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
         vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
         with torch.inference_mode():
-            features = vision(pixels)
+            features = vision(pixels)  # type: ignore[operator]
         features = getattr(features, "pooler_output", features)
         for prompt, row in zip(prompts, features, strict=True):
             # Own memory per film: the image cache keeps rows, and a view would pin the whole batch.
@@ -201,12 +206,13 @@ class FastTorchInference(TorchInference):
             # One compiled graph per layer type (and batch 1 vs any batch), reused by all 34 layers: the whole
             # step compiled as one graph took over two minutes per batch shape on an H200 host.
             decoder = self.decoder
-            decoder.layer_step = torch.compile(decoder.layer_step, dynamic=True)
-            decoder.sample = torch.compile(decoder.sample, dynamic=True)
+            # (the compiled functions replace the bound methods on this instance: that is the point)
+            decoder.layer_step = torch.compile(decoder.layer_step, dynamic=True)  # type: ignore[method-assign]
+            decoder.sample = torch.compile(decoder.sample, dynamic=True)  # type: ignore[method-assign]
             # Prefill: the token-wise parts of a layer, one graph each for any packed token count (the per-chunk
             # attention between them stays eager), reused by all 34 layers.
-            decoder.prefill_qkv = torch.compile(decoder.prefill_qkv, dynamic=True)
-            decoder.prefill_out = torch.compile(decoder.prefill_out, dynamic=True)
+            decoder.prefill_qkv = torch.compile(decoder.prefill_qkv, dynamic=True)  # type: ignore[method-assign]
+            decoder.prefill_out = torch.compile(decoder.prefill_out, dynamic=True)  # type: ignore[method-assign]
             self._vision_one = torch.compile(self.model.get_image_features)
         started = time.perf_counter()
         super()._warm_up_impl()  # one answer: compiles the vision tower and (without graphs) the step

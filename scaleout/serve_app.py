@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def build_app(args: dict | None = None):
         overrides["model_path"] = str(Path(overrides["model_path"]).resolve())
     replicas = int(app_args.get("replicas", 1))
     gpus = float(app_args.get("gpus_per_replica", 1))
-    options = {"num_gpus": gpus, "num_cpus": float(app_args.get("cpus_per_replica", 1))}
+    options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": float(app_args.get("cpus_per_replica", 1))}
     if gpus == 0:  # CPU demo replicas: one thread each, so N replicas share the cores instead of fighting for them
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
     model = serve.deployment(
@@ -95,8 +96,11 @@ def build_app(args: dict | None = None):
         health_check_period_s=float(app_args.get("health_check_period_s", 5)),
         health_check_timeout_s=30,
         graceful_shutdown_timeout_s=float(overrides.get("drain_timeout_s", 120)),
+        # RequestRouterConfig.__init__ annotates **kwargs as dict[str, Any] (meant: the kwargs form a dict)
         request_router_config=RequestRouterConfig(
-            request_router_class=ROUTER_CLASS, request_routing_stats_period_s=2, request_routing_stats_timeout_s=10
+            request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]
+            request_routing_stats_period_s=2,  # type: ignore[arg-type]
+            request_routing_stats_timeout_s=10,  # type: ignore[arg-type]
         ),
     )
 
@@ -119,4 +123,5 @@ def build_app(args: dict | None = None):
                 self._service.close()
                 self._cache.close()
 
-    return Ingress.bind(model.bind(overrides), overrides)
+    # serve.deployment returns a Deployment (which has bind) at run time; its stubs type the decorated class as itself
+    return Ingress.bind(model.bind(overrides), overrides)  # type: ignore[attr-defined]
