@@ -23,8 +23,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 DEFAULT_MODES = ("pytorch-eager", "pytorch-fast", "trt")  # the valid names: serving.factory.CONFIGURATIONS
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from inference_api.types import BackendInfo, GenerationRequest, GenerationStats
+    from serving.service import InferenceService
+
 logger = logging.getLogger("benchmark")
 
 
@@ -79,8 +86,8 @@ class Models:
 
     def __init__(self, args) -> None:
         self.args = args
-        self._loaded = None
-        self.load_s = None
+        self._loaded: tuple[Any, Any] | None = None  # (model, processor)
+        self.load_s: float | None = None
 
     @property
     def name(self) -> str:
@@ -105,7 +112,9 @@ class Models:
                 from transformers import AutoModelForImageTextToText, AutoProcessor
 
                 dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-                model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype).to(device).eval()
+                # transformers wraps PreTrainedModel.to so that its stub reads the device as `self`
+                model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
+                model = model.to(device).eval()  # type: ignore[arg-type]
                 self._loaded = (model, AutoProcessor.from_pretrained(self.model_path))
             self.load_s = time.perf_counter() - started
         return self._loaded
@@ -142,8 +151,8 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     started = time.perf_counter()
     service = InferenceService(settings, functools.partial(create_backend, preloaded=preloaded))
     service.start()
-    info = service.info()
-    record = {"info": {**info.__dict__, "mode": str(info.mode)}}
+    info = _started_info(service)
+    record: dict[str, Any] = {"info": {**info.__dict__, "mode": str(info.mode)}}
     startup = dict(info.details.get("startup", {}))
     startup["total_s"] = time.perf_counter() - started
     if models.load_s is not None and mode != "trt":
@@ -189,7 +198,15 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     return record
 
 
-def task_accuracy(service, phantoms: int, start_seed: int) -> dict:
+def _started_info(service: InferenceService) -> BackendInfo:
+    """The running backend's description; a started service always has one."""
+    info = service.info()
+    if info is None:
+        raise RuntimeError("The inference service started without a backend; see its log for why.")
+    return info
+
+
+def task_accuracy(service: InferenceService, phantoms: int, start_seed: int) -> dict:
     """Per-finding F1, macro-F1 and ECE of this mode through the serving path (the same questions and rule as the
     engine build's F1 gate), so the table compares precisions on answers, not only on speed."""
     from types import SimpleNamespace
@@ -200,7 +217,7 @@ def task_accuracy(service, phantoms: int, start_seed: int) -> dict:
 
     started = time.perf_counter()
 
-    def stream_generate(request, stats):
+    def stream_generate(request: GenerationRequest, stats: GenerationStats) -> Iterator[str]:
         """The service yields the answer so far; phantom_eval joins pieces, so hand it only the final text."""
         *_, answer = ("", *service.stream_answer(request, stats))
         yield answer
@@ -290,7 +307,7 @@ def startup_only(args, device: str) -> None:
     service = InferenceService(settings, functools.partial(create_backend, preloaded=preloaded))
     service.start()
     startup = {
-        **service.info().details.get("startup", {}),
+        **_started_info(service).details.get("startup", {}),
         "service_start_s": time.perf_counter() - started,
         "weights_s": models.load_s,
     }
@@ -318,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown mode(s) {', '.join(unknown)}; valid: {', '.join(CONFIGURATIONS)}", file=sys.stderr)
         return 2
     models = Models(args)
-    result = {
+    result: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join(shlex.quote(part) for part in ["python", *sys.argv]),
         "machine": machine(device),

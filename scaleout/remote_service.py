@@ -112,7 +112,8 @@ class ReplicaSetService:
                 if remote is not None:
                     for name in ("prompt_tokens", "reused_tokens", "new_tokens", "finish_reason", "total_s"):
                         setattr(stats, name, remote[name])
-                    stats.replica = remote["replica"]
+                    # an attribute only this Ray path adds (see the class docstring); serving.openai_api reads it with getattr
+                    stats.replica = remote["replica"]  # type: ignore[attr-defined]
                 if chunk.get("text"):
                     if stats.first_token_s is None:
                         stats.first_token_s = time.perf_counter() - started
