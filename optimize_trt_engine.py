@@ -8,7 +8,9 @@ The bundle is built in a staging folder beside --output_path and moved into plac
 verification; an existing output is replaced (atomically) only with --overwrite, and a failed build leaves it
 as it was. Impossible requests (a precision no executor here can verify, fp8 for GPUs that cannot run it, shapes
 out of range, too few films) are refused before any work starts.
-Exit status: 0 built; 1 a step failed (the message says which and why); 2 refused before any work.
+Exit status: 0 built; 1 a step failed (the message says which and why); 2 refused before any work: a
+configuration error (missing model, empty or missing --calib_images, too few films, an impossible precision or
+shape, an existing output, a corrupt --from_onnx bundle) that running again unchanged cannot fix.
 """
 
 from __future__ import annotations
@@ -84,14 +86,21 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    from engine_build.calibration import TooFewFilmsError
+    from engine_build.calibration import CalibrationInputError, TooFewFilmsError
     from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line, finish_from_onnx
     from engine_build.precision import PrecisionRefusedError
     from engine_build.staging import OutputExistsError
     from engine_bundle.manifest import ManifestError
     from pytorch_backend.checkpoint import CheckpointError
 
-    refusals = (BuildRefusedError, PrecisionRefusedError, OutputExistsError, TooFewFilmsError, CheckpointError)
+    refusals = (
+        BuildRefusedError,
+        PrecisionRefusedError,
+        OutputExistsError,
+        TooFewFilmsError,
+        CheckpointError,
+        CalibrationInputError,
+    )
     try:
         if args.from_onnx:
             if args.target in ("auto", "none"):
@@ -145,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     except refusals as exc:  # nothing was written: say what to change
         logger.error("refused before any work: %s", exc)
         return 2
-    except ManifestError as exc:
+    except ManifestError as exc:  # --from_onnx on a bundle that is not a finished, intact one
         logger.error("engine build refused: %s", exc)
-        return 1
+        return 2
     except Exception as exc:  # every failure: one clear line, non-zero exit
         logger.debug("build failed", exc_info=True)
         logger.error("engine build failed: %s: %s", type(exc).__name__, exc)

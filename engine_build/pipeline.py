@@ -108,7 +108,8 @@ def prepare(options: BuildOptions) -> BuildPlan:
     refuse_existing_output(options.output_path, options.overwrite)
     describe_checkpoint(options.model_path)
     check_shapes(options.model_path, options.max_seq_len, options.max_batch, options.verify_tokens)
-    gpu, why_no_gpu = probe_cuda_gpu(0)
+    # --target none builds no plans: no GPU to ask about (the probe imports CUDA's bindings: a refusal stays fast).
+    gpu, why_no_gpu = (None, "--target none") if options.target == "none" else probe_cuda_gpu(0)
     capabilities = parse_compute_capabilities(options.compute_capabilities)
     plan = plan_build(options.precision, options.target, capabilities, gpu, why_no_gpu)
     logger.info(
@@ -123,11 +124,12 @@ def prepare(options: BuildOptions) -> BuildPlan:
 
 def build_bundle(options: BuildOptions) -> dict:
     """Build into a staging folder beside the output; publish only a verified bundle. Returns its manifest."""
-    from engine_build.calibration import load_calibration_films, require_enough_films
+    from engine_build.calibration import load_calibration_films, require_enough_films, require_held_out
 
     plan = prepare(options)
     films = load_calibration_films(options.calib_images)
     require_enough_films(films, options.allow_few_films)
+    require_held_out(films)
     staging = make_staging_dir(options.output_path)
     logger.info("building in %s; %s is replaced only once the bundle passed verification", staging, options.output_path)
     try:
@@ -278,7 +280,9 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
             write_manifest(out, manifest)
             bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
             try:
-                figures = measure_accuracy(reference, bundle, held_out, tokens=options.verify_tokens)
+                figures = measure_accuracy(
+                    reference, bundle, held_out, tokens=options.verify_tokens, max_sequence=options.max_seq_len
+                )
                 logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
                 task = measure_task_accuracy(
                     reference, bundle, options.task_phantoms, options.task_seed, options.max_f1_drop

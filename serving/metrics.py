@@ -46,6 +46,13 @@ class ServiceMetrics:
             "medgemma_switch_interruption_seconds", "Longest wait caused by the last switch", registry=self.registry
         )
         self.ready = Gauge("medgemma_ready", "1 when a warmed-up backend serves", registry=self.registry)
+        self.backend = Gauge(
+            "medgemma_backend_info",
+            "1 for what serves: the mode, the executor that runs it (TensorRT only where TensorRT executes), "
+            "its precision, and whether its accuracy was measured on that executor",
+            ["mode", "executor", "precision", "accuracy_verified"],
+            registry=self.registry,
+        )
         self._latencies: deque[float] = deque(maxlen=2000)
         self._lock = threading.Lock()
         _register_gpu_collector(self.registry)
@@ -54,6 +61,12 @@ class ServiceMetrics:
         """Read both queue gauges from the service at scrape time (callables returning counts)."""
         self.requests_waiting.set_function(waiting)
         self.requests_running.set_function(running)
+
+    def set_backend(self, info) -> None:
+        """One series, for the backend that serves now (a BackendInfo); the previous one is removed."""
+        self.backend.clear()
+        verified = "false" if info.unverified_reason else "true"
+        self.backend.labels(str(info.mode), info.executor, info.precision, verified).set(1)
 
     def observe_request(self, mode: str, seconds: float, first_token_s: float | None, tokens: int) -> None:
         mode = str(mode)
