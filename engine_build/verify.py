@@ -64,7 +64,9 @@ def long_conversation_request(
         length = int(count_tokens(request).shape[1])
         if length >= min_prompt_tokens:
             return request, length
-        turns += [ChatTurn("user", question), ChatTurn("assistant", _ROUND_ANSWERS[index % len(_ROUND_ANSWERS)])]
+        shift = index % len(_ROUND_ANSWERS)
+        answer = " ".join(_ROUND_ANSWERS[shift:] + _ROUND_ANSWERS[:shift])  # a full read of the film, every round
+        turns += [ChatTurn("user", question), ChatTurn("assistant", answer)]
         index += 1
 
 

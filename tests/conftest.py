@@ -166,7 +166,7 @@ def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
         "--target",
         "tensorrt-rtx",
         "--max_seq_len",
-        "1024",
+        "2048",  # room for the gate's long multi-turn case (>= 1,500 tokens)
         "--max_batch",
         "2",
         "--keep_fp32_onnx",
