@@ -70,7 +70,12 @@ def parse_args(argv):
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
     parser.add_argument("--keep_fp32_onnx", action="store_true")
-    parser.add_argument("--from_onnx", type=Path, help="finish an ONNX-only bundle: build its engines with --target")
+    parser.add_argument(
+        "--from_onnx",
+        type=Path,
+        help="finish an ONNX-only bundle: build its engines with --target; where they run here, verify them "
+        "against PyTorch (--calib_images: the bundle's own films; --model_path: default its recorded checkpoint)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_path (atomically)")
     parser.add_argument(
         "--allow_few_films",
@@ -80,14 +85,17 @@ def parse_args(argv):
     parser.add_argument(
         "--compute_capabilities", help="TensorRT-RTX targets, e.g. SM89,SM120 (default: all; fp8: SM89+)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.calib_images_given = any(part.startswith("--calib_images") for part in (argv or sys.argv[1:]))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
     from engine_build.calibration import CalibrationInputError, TooFewFilmsError
-    from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line, finish_from_onnx
+    from engine_build.finish import finish_from_onnx
+    from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line
     from engine_build.precision import PrecisionRefusedError
     from engine_build.staging import OutputExistsError
     from engine_bundle.manifest import ManifestError
@@ -106,10 +114,27 @@ def main(argv: list[str] | None = None) -> int:
             if args.target in ("auto", "none"):
                 logger.error("--from_onnx needs --target tensorrt or --target tensorrt-rtx")
                 return 2
+            calib_images = args.calib_images if args.calib_images_given else None
             manifest = finish_from_onnx(
-                args.from_onnx, args.target, args.workspace_gib, args.compute_capabilities, command=command_line()
+                args.from_onnx,
+                args.target,
+                args.workspace_gib,
+                args.compute_capabilities,
+                command=command_line(),
+                calib_images=calib_images,
+                model_path=args.model_path,
+                device=args.device,
             )
-            print(f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}")
+            verified = manifest["accuracy"]["plans_verified"]
+            print(
+                f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}; "
+                + (
+                    f"verified on the plans (token agreement {manifest['accuracy']['token_agreement_mean']:.2f})"
+                    if verified
+                    else "the plans cannot run here and were not verified (plans_verified: false): serving them "
+                    "needs ALLOW_UNVERIFIED_PLANS=1, or finish the bundle on the GPU that runs them"
+                )
+            )
             return 0
         if args.output_path is None:
             logger.error("--output_path is required")

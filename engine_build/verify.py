@@ -104,5 +104,11 @@ def check(figures: dict, thresholds: Thresholds) -> list[str]:
     return gate_failures(figures, asdict(thresholds))
 
 
+def thresholds_from_record(record: dict) -> Thresholds:
+    """The Thresholds a manifest recorded (its F1 allowance is the task gate's, kept apart)."""
+    names = Thresholds.__dataclass_fields__
+    return Thresholds(**{key: value for key, value in record.items() if key in names})
+
+
 def thresholds_record(thresholds: Thresholds) -> dict:
     return asdict(thresholds)
