@@ -49,21 +49,28 @@ _ROUND_ANSWERS = (
 
 
 def long_conversation_request(
-    image, min_prompt_tokens: int, tokens: int, count_tokens
+    image, min_prompt_tokens: int, tokens: int, count_tokens, max_prompt_tokens: int | None = None
 ) -> tuple[GenerationRequest, int]:
-    """A multi-turn conversation about one film whose prompt has at least min_prompt_tokens tokens (counted with
-    count_tokens(request) -> ids of shape (1, n)), then a last question. Returns it and its prompt length.
+    """A multi-turn conversation about one film: rounds of a question and a full read of the film, then a last
+    question, until its prompt has at least min_prompt_tokens tokens (counted with count_tokens(request) -> ids of
+    shape (1, n)) or one more round would pass max_prompt_tokens. Returns it and its prompt length.
 
     Long prompts are where a low-precision rotary embedding or attention drifts (positions times frequencies lose
     their fraction in fp16), and the short verification questions never reach them."""
     turns: list[ChatTurn] = []
+    best: tuple[GenerationRequest, int] | None = None
     index = 0
     while True:
         question = CALIBRATION_QUESTIONS[index % len(CALIBRATION_QUESTIONS)]
         request = GenerationRequest(image, (*turns, ChatTurn("user", question)), max_new_tokens=tokens)
         length = int(count_tokens(request).shape[1])
+        if max_prompt_tokens is not None and length > max_prompt_tokens:
+            if best is None:
+                raise ValueError(f"even one question takes {length} tokens, more than {max_prompt_tokens}")
+            return best
+        best = request, length
         if length >= min_prompt_tokens:
-            return request, length
+            return best
         shift = index % len(_ROUND_ANSWERS)
         answer = " ".join(_ROUND_ANSWERS[shift:] + _ROUND_ANSWERS[:shift])  # a full read of the film, every round
         turns += [ChatTurn("user", question), ChatTurn("assistant", answer)]
@@ -83,7 +90,11 @@ def measure_accuracy(reference_backend, bundle_backend, images: list, tokens: in
     figures = Comparator.compare_accuracy(runs["pytorch"], runs["bundle"], tokens)
     if max_sequence:
         request, length = long_conversation_request(
-            images[0], long_conversation_tokens(max_sequence, tokens), tokens, bundle_backend.prompt_ids
+            images[0],
+            long_conversation_tokens(max_sequence, tokens),
+            tokens,
+            bundle_backend.prompt_ids,
+            max_prompt_tokens=max_sequence - tokens,
         )
         long_runs = Comparator.run(backends, [request], features=False)
         long_figures = Comparator.compare_accuracy(long_runs["pytorch"], long_runs["bundle"], tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def check_model_identity(bundle_dir: Path, manifest: dict, served_model: str | P
     served = Path(served_model)
     model = manifest.get("model", {})
     built = f"{model.get('id', 'an unknown model')} at {model.get('source_path', 'an unknown path')}"
-    rebuild = rebuild_command(manifest).replace(f"--model_path {model.get('source_path')}", f"--model_path {served}")
+    rebuild = re.sub(r"--model_path \S+", lambda _: f"--model_path {served}", rebuild_command(manifest))
     if not _shards(served):
         raise ModelMismatchError(
             f"the PyTorch model {served} has no *.safetensors weights (missing or not a checkpoint), so nothing "

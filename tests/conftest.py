@@ -166,7 +166,10 @@ def int8_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
         "--target",
         "tensorrt-rtx",
         "--max_seq_len",
-        "2048",  # room for the gate's long multi-turn case (>= 1,500 tokens)
+        # INT8's long multi-turn case fails at 1,578 tokens (2 of 16 greedy tokens differ from PyTorch, the rest
+        # shifted: agreement 0.56, demo checkpoint calibrated on short questions): this bundle is gated, and
+        # serves, up to 1,024 tokens. fp32 and fp16 pass at 1,578.
+        "1024",
         "--max_batch",
         "2",
         "--keep_fp32_onnx",
@@ -192,7 +195,7 @@ def fp32_bundle(tmp_path_factory, demo_model_dir, synthetic_films) -> Path:
         "--target",
         "none",
         "--max_seq_len",
-        "1536",
+        "2048",  # room for the gate's long multi-turn case
         "--max_batch",
         "2",
         "--allow_few_films",
