@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import logging
 import os
@@ -23,14 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-MODES = ("pytorch-eager", "pytorch-fast", "trt")
+DEFAULT_MODES = ("pytorch-eager", "pytorch-fast", "trt")  # the valid names: serving.factory.CONFIGURATIONS
 logger = logging.getLogger("benchmark")
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="folder for benchmark.json / .md / .png")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    from serving.factory import CONFIGURATIONS
+
+    parser.add_argument(
+        "--modes", default=",".join(DEFAULT_MODES), help="comma-separated, of: " + ", ".join(CONFIGURATIONS)
+    )
     parser.add_argument("--random-weights", choices=["medgemma-4b"], help="build the full-size shape on the device")
     parser.add_argument("--model_path", type=Path, help="checkpoint (default: the demo checkpoint)")
     parser.add_argument("--engine_path", type=Path, help="engine bundle for the trt mode")
@@ -98,34 +103,10 @@ class Models:
         return self._loaded
 
 
-def backend_factory(mode: str, models: Models, settings, device: str):
-    def make(_mode, _settings):
-        if mode == "trt":
-            from trt_inference.trt_model import TRTInference
-
-            if settings.engine_path is None:
-                raise FileNotFoundError("no --engine_path given")
-            return TRTInference(settings.engine_path, sequence_slots=settings.kv_slots)
-        preloaded = models.preloaded(device)
-        if mode == "pytorch-fast":
-            from pytorch_backend.fast import FastTorchInference
-
-            return FastTorchInference(
-                models.name,
-                slots=settings.kv_slots,
-                max_sequence=settings.max_sequence,
-                max_resident_conversations=settings.max_resident_conversations,
-                preloaded=preloaded,
-            )
-        from pytorch_backend.eager import TorchInference
-
-        return TorchInference(models.name, preloaded=preloaded, max_resident_conversations=4)
-
-    return make
-
-
 def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     from benchmarks import measure, workload
+    from inference_api.types import Mode
+    from serving.factory import configure, create_backend
     from serving.service import InferenceService
     from serving.settings import Settings
 
@@ -133,20 +114,25 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     levels = [int(x) for x in args.concurrency.split(",") if x]
     if eager:
         levels = [level for level in levels if level <= args.eager_max_users]
-    settings = Settings(
-        device=device,
-        engine_path=args.engine_path,
-        generation_concurrency=max([*levels, args.report_users, 1]),
-        queue_size=10_000,
-        max_resident_conversations=4,
-        max_sequence=args.max_sequence,
-        request_timeout_s=7200,
-        breaker_timeout_s=7200,
-        max_new_tokens=max(args.answer_tokens, args.report_tokens),
+    serving_mode, settings = configure(
+        mode,
+        Settings(
+            model_path=Path(models.name),
+            device=device,
+            engine_path=args.engine_path,
+            generation_concurrency=max([*levels, args.report_users, 1]),
+            queue_size=10_000,
+            max_resident_conversations=4,
+            max_sequence=args.max_sequence,
+            request_timeout_s=7200,
+            breaker_timeout_s=7200,
+            max_new_tokens=max(args.answer_tokens, args.report_tokens),
+        ),
     )
+    preloaded = models.preloaded(device) if serving_mode is Mode.PYTORCH else None
     _reset_peak_memory()
     started = time.perf_counter()
-    service = InferenceService(settings, backend_factory(mode, models, settings, device))
+    service = InferenceService(settings, functools.partial(create_backend, preloaded=preloaded))
     service.start()
     info = service.info()
     record = {"info": {**info.__dict__, "mode": str(info.mode)}}
@@ -266,14 +252,24 @@ def restart_probe(args) -> list[dict]:
 
 
 def startup_only(args, device: str) -> None:
+    from serving.factory import configure, create_backend
     from serving.service import InferenceService
     from serving.settings import Settings
 
     models = Models(args)
     levels = [int(x) for x in args.concurrency.split(",") if x]
-    settings = Settings(device=device, generation_concurrency=max(levels), max_sequence=args.max_sequence)
+    _, settings = configure(
+        "pytorch-fast",
+        Settings(
+            model_path=Path(models.name),
+            device=device,
+            generation_concurrency=max(levels),
+            max_sequence=args.max_sequence,
+        ),
+    )
     started = time.perf_counter()
-    service = InferenceService(settings, backend_factory("pytorch-fast", models, settings, device))
+    preloaded = models.preloaded(device)
+    service = InferenceService(settings, functools.partial(create_backend, preloaded=preloaded))
     service.start()
     startup = {
         **service.info().details.get("startup", {}),
@@ -297,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         startup_only(args, device)
         return 0
     modes = [m for m in args.modes.split(",") if m]
-    unknown = sorted(set(modes) - set(MODES))
+    from serving.factory import CONFIGURATIONS
+
+    unknown = sorted(set(modes) - set(CONFIGURATIONS))
     if unknown:
-        print(f"error: unknown mode(s) {', '.join(unknown)}; valid: {', '.join(MODES)}", file=sys.stderr)
+        print(f"error: unknown mode(s) {', '.join(unknown)}; valid: {', '.join(CONFIGURATIONS)}", file=sys.stderr)
         return 2
     models = Models(args)
     result = {

@@ -33,10 +33,6 @@ class Profile:
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
-def target_available(target: str) -> bool:
-    return importlib.util.find_spec(TARGET_MODULES[target]) is not None
-
-
 class EngineBuilder:
     def __init__(
         self,

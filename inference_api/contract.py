@@ -86,10 +86,6 @@ class Generation:
     def prefill_done(self) -> bool:
         return self.pending is not None or self.done
 
-    @property
-    def remaining_prompt(self) -> int:
-        return len(self.prompt.ids) - self.prefilled
-
 
 class InferenceBackend(abc.ABC):
     """A loaded model that answers questions about a film through the token-level contract.
@@ -308,6 +304,15 @@ class InferenceBackend(abc.ABC):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    # A backend is a context manager, as Polygraphy's runners are: `with create_backend(...) as backend:` closes it
+    # on every way out, so callers need no try/finally around close().
+    def __enter__(self) -> InferenceBackend:
+        self.check_health()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # --- bookkeeping ---------------------------------------------------------------------------------------------
     def _accept(self, generation: Generation, step: TokenStep) -> None:

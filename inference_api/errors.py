@@ -19,3 +19,10 @@ class BackendClosedError(RuntimeError):
 
 class NoFreeSlotError(RuntimeError):
     """Every KV slot of the backend is in use. The contract evicts an idle conversation and tries again."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name if empty), at most 300 characters: what a log
+    record or a status line shows of it."""
+    lines = str(exc).strip().splitlines()
+    return (lines[0] if lines else type(exc).__name__)[:300]

@@ -42,8 +42,19 @@ def reference_decode_attention(q, k_cache, v_cache, slots, lengths, window: int,
     return out
 
 
-def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8):
+def triton_decode_attention(
+    q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8, new_k=None, new_v=None
+):
+    """new_k, new_v: (batch, kv_heads, dim) or None. Given, `lengths` holds each sequence's new position (length - 1)
+    and the kernel also writes them into each sequence's slot at
+    position length - 1 (the KV write fused into attention: no separate index_put kernels), and attends to them
+    from registers, so no program ever depends on another program's store."""
     kernels = _kernels()
+    write = new_k is not None
+    if write and (new_k.shape != (q.shape[0], k_cache.shape[1], q.shape[2]) or new_v.shape != new_k.shape):
+        raise ValueError(
+            f"new keys/values must be (batch, kv_heads, dim), got {tuple(new_k.shape)}, {tuple(new_v.shape)}"
+        )
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -57,9 +68,13 @@ def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, sc
         v_cache,
         slots,
         lengths,
+        new_k if write else q,  # unread unless WRITE_KV
+        new_v if write else q,
         partial,
         lse,
         *q.stride(),
+        *(new_k.stride() if write else (0, 0, 0)),
+        *(new_v.stride() if write else (0, 0, 0)),
         *k_cache.stride(),
         *partial.stride(),
         *lse.stride(),
@@ -71,6 +86,7 @@ def triton_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, sc
         BLOCK_DIM=triton_next_power_of_2(dim),
         BLOCK_N=BLOCK_N,
         BLOCK_H=BLOCK_H,
+        WRITE_KV=write,
     )
     out = torch.empty_like(q)
     kernels.merge[(batch, heads)](
@@ -105,11 +121,19 @@ def _kernels():
         v_cache,
         slots,
         lengths,
+        new_k,
+        new_v,
         partial,
         lse,
         q_b,
         q_h,
         q_d,
+        nk_b,
+        nk_h,
+        nk_d,
+        nv_b,
+        nv_h,
+        nv_d,
         c_s,
         c_h,
         c_n,
@@ -129,12 +153,15 @@ def _kernels():
         BLOCK_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        WRITE_KV: tl.constexpr,
     ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
         slot = tl.load(slots + b)
         length = tl.load(lengths + b)
+        if WRITE_KV:
+            length = length + 1  # the caller passed positions: the new key makes the sequence one longer
         start = tl.maximum(length - window, 0)  # the wrapper passes a huge window for full attention
         span = length - start
         per_split = tl.cdiv(tl.cdiv(span, splits), BLOCK_N) * BLOCK_N
@@ -152,11 +179,20 @@ def _kernels():
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DIM], tl.float32)
         base = slot * c_s + kv_head * c_h
+        last = length - 1
+        if WRITE_KV:
+            k_new = tl.load(new_k + b * nk_b + kv_head * nk_h + dims * nk_d, mask=dim_ok, other=0.0)
+            v_new = tl.load(new_v + b * nv_b + kv_head * nv_h + dims * nv_d, mask=dim_ok, other=0.0)
+            owner = (last >= lo) & (last < hi)  # exactly one split of this (sequence, kv head) holds the new key
+            tl.store(k_cache + base + last * c_n + dims * c_d, k_new.to(k_cache.dtype.element_ty), mask=dim_ok & owner)
+            tl.store(v_cache + base + last * c_n + dims * c_d, v_new.to(v_cache.dtype.element_ty), mask=dim_ok & owner)
         for block in range(lo, hi, BLOCK_N):
             keys = block + tl.arange(0, BLOCK_N)
             key_ok = keys < hi
             offsets = base + keys[:, None] * c_n + dims[None, :] * c_d
             kt = tl.load(k_cache + offsets, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            if WRITE_KV:
+                kt = tl.where((keys == last)[:, None], k_new.to(kt.dtype)[None, :], kt)
             scores = tl.dot(qt, tl.trans(kt)) * scale
             scores = tl.where(key_ok[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -164,6 +200,8 @@ def _kernels():
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             vt = tl.load(v_cache + offsets, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
+            if WRITE_KV:
+                vt = tl.where((keys == last)[:, None], v_new.to(vt.dtype)[None, :], vt)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
             m_i = m_new
         has_keys = l_i > 0
@@ -221,6 +259,20 @@ def _kernels():
         merge = merge_kernel
 
     return Kernels
+
+
+def reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window: int, scale: float):
+    """Write k, v (batch, kv_heads, dim) at each sequence's position, then attend over [.., position]."""
+    k_cache[slots, :, positions] = k
+    v_cache[slots, :, positions] = v
+    return reference_decode_attention(q, k_cache, v_cache, slots, positions + 1, window, scale)
+
+
+def write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window: int, scale: float) -> torch.Tensor:
+    """The KV write and the attention in one kernel launch (plus the split merge) on CUDA; the reference elsewhere."""
+    if q.is_cuda:
+        return triton_decode_attention(q, k_cache, v_cache, slots, positions, window, scale, new_k=k, new_v=v)
+    return reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window, scale)
 
 
 def decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float) -> torch.Tensor:

@@ -46,7 +46,10 @@ class FastTorchInference(TorchInference):
         batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
         prefill_chunk_tokens: int = 1024,
         preloaded: tuple | None = None,
+        weights: str = "bf16",
+        fused_step: bool = False,
     ) -> None:
+        self.weights = weights
         super().__init__(model_path, device, max_resident_conversations, preloaded)
         from pytorch_backend.static_decoder import StaticGemmaDecoder
 
@@ -60,6 +63,11 @@ class FastTorchInference(TorchInference):
         self.max_batch = max(b for b in batch_buckets if b <= slots) if slots >= 1 else 1
         self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
         self._step = self.decoder.decode
+        self.fused = None  # issue 21: the fused-KV-write step, and the 8-bit weight mode (pytorch_backend/fused_step)
+        if fused_step or weights != "bf16":
+            from pytorch_backend.fused_step import FusedDecodeStep
+
+            self.fused = FusedDecodeStep(self.decoder, weights)
         self._graphs = None
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
         self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
@@ -138,6 +146,10 @@ class FastTorchInference(TorchInference):
     # --- start-up: compile and capture before readiness ----------------------------------------------------------
     def _warm_up_impl(self) -> None:
         torch = self._torch
+        if self.fused is not None:  # issue 21: gates an 8-bit mode (refused: WeightModeRefused), compiles the step
+            from pytorch_backend.weight_gate import start_fused_step
+
+            self._step = start_fused_step(self)
         if self.use_compile:
             # One compiled graph per layer type (and batch 1 vs any batch), reused by all 34 layers: the whole
             # step compiled as one graph took over two minutes per batch shape on an H200 host.
@@ -157,6 +169,12 @@ class FastTorchInference(TorchInference):
             super()._warm_up_impl()
         logger.info("fast path ready: %s", self.startup)
 
+    @property
+    def precision(self) -> str:
+        base = super().precision
+        weights = getattr(self, "weights", "bf16")
+        return base if weights == "bf16" else f"{weights} weights, {base} activations"
+
     def _info_impl(self):
         info = super()._info_impl()
         info.details.update(
@@ -166,6 +184,8 @@ class FastTorchInference(TorchInference):
                 "compile": self.use_compile,
                 "cuda_graphs": self.use_graphs,
                 "batch_buckets": list(self.batch_buckets),
+                "weights": self.weights,
+                "fused_step": self.fused is not None,
                 "startup": self.startup,
             }
         )

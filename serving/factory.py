@@ -1,16 +1,43 @@
-"""Create a backend by mode; each branch imports only what it needs (vLLM's executor factory shape)."""
+"""Create a backend by mode; each branch imports only what it needs (vLLM's executor factory shape).
+
+The one factory of the project: the service, the benchmark and the tests build backends here. A *configuration*
+names a backend as an operator or a benchmark table does ("pytorch-fast", "trt"): a serving mode plus the settings
+that select its path, so the benchmark's modes and the service's settings cannot drift apart.
+"""
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Any
 
 from inference_api.contract import InferenceBackend
 from inference_api.types import Mode
 from serving.settings import Settings
 
+# name -> (serving mode, settings that select the path)
+CONFIGURATIONS: dict[str, tuple[Mode, dict[str, Any]]] = {
+    "pytorch-eager": (Mode.PYTORCH, {"torch_path": "eager"}),
+    "pytorch-fast": (Mode.PYTORCH, {"torch_path": "fast"}),
+    "pytorch-fast-int8": (Mode.PYTORCH, {"torch_path": "fast", "fast_path_weights": "int8"}),
+    "pytorch-fast-fp8": (Mode.PYTORCH, {"torch_path": "fast", "fast_path_weights": "fp8"}),
+    "trt": (Mode.TRT, {}),
+}
 
-def create_backend(mode: Mode | str, settings: Settings) -> InferenceBackend:
+
+def configure(name: str, settings: Settings) -> tuple[Mode, Settings]:
+    """The serving mode and settings of a named configuration. Unknown names raise ValueError listing the valid."""
+    if name not in CONFIGURATIONS:
+        raise ValueError(f"unknown backend configuration {name!r}; valid: {', '.join(CONFIGURATIONS)}")
+    mode, overrides = CONFIGURATIONS[name]
+    return mode, dataclasses.replace(settings, inference_mode=mode, **overrides)
+
+
+def create_backend(mode: Mode | str, settings: Settings, preloaded: Any = None) -> InferenceBackend:
+    """A new backend for `mode`. preloaded: (model, processor) already in memory, shared by PyTorch backends so a
+    benchmark loads the weights once (ignored by TensorRT)."""
     mode = Mode.parse(mode)
     if mode is Mode.PYTORCH:
-        return _pytorch_backend(settings)
+        return _pytorch_backend(settings, preloaded)
     if settings.engine_path is None:
         raise FileNotFoundError(
             "No engine bundle configured. Build one with optimize_trt_engine.py and set ENGINE_PATH "
@@ -27,7 +54,7 @@ def create_backend(mode: Mode | str, settings: Settings) -> InferenceBackend:
     )
 
 
-def _pytorch_backend(settings: Settings) -> InferenceBackend:
+def _pytorch_backend(settings: Settings, preloaded: Any) -> InferenceBackend:
     """The fast path (static cache, CUDA graphs) on CUDA by default; the eager reference on CPU or when asked."""
     path = settings.torch_path
     if path == "auto":
@@ -41,6 +68,9 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
             max_resident_conversations=settings.max_resident_conversations,
             slots=settings.kv_slots,
             max_sequence=settings.max_sequence,
+            weights=settings.fast_path_weights,
+            fused_step=settings.fast_path_fused_step,
+            preloaded=preloaded,
         )
     from pytorch_backend.eager import TorchInference
 
@@ -48,6 +78,7 @@ def _pytorch_backend(settings: Settings) -> InferenceBackend:
         settings.resolved_model_path,
         device=settings.device,
         max_resident_conversations=settings.max_resident_conversations,
+        preloaded=preloaded,
     )
 
 

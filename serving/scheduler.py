@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from inference_api.contract import Generation, InferenceBackend
+from inference_api.errors import one_line
 from inference_api.types import GenerationRequest, GenerationStats
 
 logger = logging.getLogger(__name__)
@@ -91,13 +92,6 @@ class Ticket:
             return max(0.0, self.submitted_at + admission_timeout_s - now) + 0.001
         return max(0.0, self.admitted_at + progress_timeout_s - now) + 0.001
 
-    @property
-    def backend_seconds(self) -> float | None:
-        """From admission to the last token: what the breaker judges (queue wait and slow readers excluded)."""
-        if self.admitted_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.admitted_at
-
     # --- scheduler side -------------------------------------------------------------------------------------
     def _admit(self, generation: Generation) -> None:
         self.generation, self.admitted_at = generation, time.perf_counter()
@@ -166,7 +160,7 @@ class Scheduler:
             try:
                 self._turn()
             except BaseException as exc:  # a backend failure ends every answer it touched, and the loop goes on
-                logger.error("backend call failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("backend call failed: %s: %s", type(exc).__name__, one_line(exc))
                 self._fail_all(exc)
 
     def _turn(self) -> None:
@@ -178,7 +172,7 @@ class Scheduler:
             try:
                 done = self.backend.prefill(ticket.generation, budget)
             except Exception as exc:  # this answer fails; the running ones go on
-                logger.error("prefill failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
                 self._prefilling.pop(0)
                 self._end(ticket, exc)
                 done = False
@@ -219,7 +213,7 @@ class Scheduler:
             try:
                 self.backend.prepare_images([ticket.generation for ticket in started])
             except Exception as exc:
-                logger.error("vision batch failed: %s: %s", type(exc).__name__, _first_line(exc))
+                logger.error("vision batch failed: %s: %s", type(exc).__name__, one_line(exc))
                 for ticket in started:
                     self._end(ticket, exc)
                 return
@@ -243,15 +237,10 @@ class Scheduler:
             if ticket.generation is not None:
                 self.backend.finish(ticket.generation, cancelled=True)
         except Exception as exc:  # freeing state on a failed backend may fail too; the answer still ends
-            logger.warning("could not release an answer's state: %s", _first_line(exc))
+            logger.warning("could not release an answer's state: %s", one_line(exc))
         ticket._end(error)
 
     def _fail_all(self, exc: BaseException) -> None:
         for ticket in [*self._prefilling, *self._active]:
             self._end(ticket, exc)
         self._prefilling, self._active = [], []
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return (lines[0] if lines else type(exc).__name__)[:300]

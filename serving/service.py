@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from inference_api.contract import InferenceBackend
-from inference_api.errors import RequestError
+from inference_api.errors import RequestError, one_line
 from inference_api.types import BackendInfo, GenerationRequest, GenerationStats, Mode
 from serving.breaker import CircuitBreaker
 from serving.factory import create_backend
@@ -79,16 +79,18 @@ class InferenceService:
         self._factory = backend_factory
         self.metrics = ServiceMetrics()
         self.breaker = CircuitBreaker(settings.breaker_failures)
-        self._state = threading.Condition()  # guards every field below
+        self._state = threading.Condition()  # guards every field below, up to the switch lock
         self._current: Served | None = None
         self._standby: dict[Mode, Served] = {}
         self._draining = False
         self._switch_started: float | None = None
         self._switch_max_wait = 0.0
+        self._closed = False
+        self._trt_state = "Not loaded"
+        self._workers: set[threading.Thread] = set()  # owned here: joined by close()
         self._switch_lock = threading.Lock()  # one load at a time: switches and the breaker's fallback
         self.started_at = time.time()
         self.last_switch: SwitchRecord | None = None
-        self.trt_state = "Not loaded"
         self.ready = threading.Event()
         self.metrics.bind_queue(self._count_waiting, self._count_running)
 
@@ -110,15 +112,60 @@ class InferenceService:
             self.metrics.ready.set(0)
             return self._state.wait_for(lambda: self._total_leases() == 0, timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Close every loaded backend and join the service's own threads. Idempotent.
+
+        A switch or breaker fallback that is loading finishes first (up to timeout_s); one that finishes later
+        closes what it loaded itself, since the service no longer accepts it."""
         self.ready.clear()
         self.metrics.ready.set(0)
-        with self._state:
-            self._draining = True
-            served = [s for s in (self._current, *self._standby.values()) if s is not None]
-            self._current, self._standby = None, {}
+        got_switch_lock = self._switch_lock.acquire(timeout=timeout_s)
+        try:
+            with self._state:
+                self._draining = True
+                self._closed = True
+                served = [s for s in (self._current, *self._standby.values()) if s is not None]
+                self._current, self._standby = None, {}
+                self._state.notify_all()
+        finally:
+            if got_switch_lock:
+                self._switch_lock.release()
         for item in served:
             item.close(timeout_s=5)
+        deadline = time.monotonic() + timeout_s
+        for worker in self._owned_workers():
+            worker.join(max(0.0, deadline - time.monotonic()))
+            if worker.is_alive():
+                logger.warning("service thread %s did not finish within %.0f s of close", worker.name, timeout_s)
+
+    @property
+    def trt_state(self) -> str:
+        with self._state:
+            return self._trt_state
+
+    def _set_trt_state(self, text: str) -> None:
+        with self._state:
+            self._trt_state = text
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        """Start a service thread that close() joins (daemon only so that a hung backend cannot block exit)."""
+
+        def run() -> None:
+            try:
+                target()
+            finally:
+                with self._state:
+                    self._workers.discard(threading.current_thread())
+
+        worker = threading.Thread(target=run, name=name, daemon=True)
+        with self._state:
+            self._workers.add(worker)
+        worker.start()
+        return worker
+
+    def _owned_workers(self) -> list[threading.Thread]:
+        with self._state:
+            return [w for w in self._workers if w is not threading.current_thread()]
 
     @property
     def mode(self) -> Mode | None:
@@ -167,7 +214,7 @@ class InferenceService:
             except (RequestError, ServiceUnavailable):
                 raise
             except Exception as exc:
-                reason = f"{type(exc).__name__}: {_one_line(exc)}"
+                reason = f"{type(exc).__name__}: {one_line(exc)}"
                 logger.error(
                     "%s failed (%s); answering this request on PyTorch", served.backend.info().mode_label, reason
                 )
@@ -230,6 +277,8 @@ class InferenceService:
         except ValueError as exc:
             raise RequestError(str(exc)) from None
         with self._switch_lock:
+            if self._closed:
+                raise SwitchError(f"cannot switch to {target.label}: the service is shutting down")
             source = self.mode
             source_label = _label(self.info(), source)
             if target is source:
@@ -249,12 +298,17 @@ class InferenceService:
                         served = self._load(target)
                     except Exception as exc:
                         self.metrics.errors.labels("switch").inc()
-                        raise SwitchError(f"cannot switch to {target.label}: {_one_line(exc)}") from exc
+                        raise SwitchError(f"cannot switch to {target.label}: {one_line(exc)}") from exc
                 load_s = time.perf_counter() - load_started
                 swap_started = time.perf_counter()
                 with self._state:
-                    old, self._current = self._current, served
+                    closed = self._closed
+                    if not closed:
+                        old, self._current = self._current, served
                     swap_s = time.perf_counter() - swap_started
+                if closed:
+                    served.close(timeout_s=5)
+                    raise SwitchError(f"cannot switch to {target.label}: the service closed during the switch")
                 if target is Mode.TRT:
                     self.breaker.reset()
                 self._retire(old)
@@ -303,7 +357,7 @@ class InferenceService:
                 self._close_when_drained(replaced)
             return
         if served.mode is Mode.TRT:
-            self.trt_state = "Not loaded"
+            self._set_trt_state("Not loaded")
         self._close_when_drained(served)
 
     def _close_when_drained(self, served: Served) -> None:
@@ -311,10 +365,11 @@ class InferenceService:
 
         def close() -> None:
             with self._state:
-                self._state.wait_for(lambda: served.leases == 0)
+                # close() of the service ends the wait too: its own drain bounds how long leases may run.
+                self._state.wait_for(lambda: served.leases == 0 or self._closed)
             served.close()
 
-        threading.Thread(target=close, name=f"close-{served.mode}", daemon=True).start()
+        self._spawn(f"close-{served.mode}", close)
 
     def _loaded(self, mode: Mode) -> Served | None:
         """The loaded backend of `mode`, current or standby. Caller holds the state lock."""
@@ -332,9 +387,16 @@ class InferenceService:
                 with self._state:
                     loaded = self._loaded(Mode.PYTORCH)
                 if loaded is None:
+                    if self._closed:
+                        raise ServiceUnavailable("The server is shutting down; try again in a minute.")
                     served = self._load(Mode.PYTORCH)
                     with self._state:
-                        self._standby[Mode.PYTORCH] = served
+                        closed = self._closed
+                        if not closed:
+                            self._standby[Mode.PYTORCH] = served
+                    if closed:
+                        served.close(timeout_s=5)
+                        raise ServiceUnavailable("The server is shutting down; try again in a minute.")
         with self._lease(Mode.PYTORCH) as served:
             yield served
 
@@ -349,12 +411,12 @@ class InferenceService:
                 raise
         except Exception as exc:
             if mode is Mode.TRT:
-                self.trt_state = f"Failed ({_one_line(exc)})"
-            logger.error("could not load the %s backend: %s", mode.label, _one_line(exc))
+                self._set_trt_state(f"Failed ({one_line(exc)})")
+            logger.error("could not load the %s backend: %s", mode.label, one_line(exc))
             raise
         info = backend.info()
         if mode is Mode.TRT:
-            self.trt_state = f"Loaded ({info.engine_summary})"
+            self._set_trt_state(f"Loaded ({info.engine_summary})")
         logger.info("%s backend ready in %.2f s", info.mode_label, time.perf_counter() - started)
         settings = self.settings
         scheduler = Scheduler(backend, settings.generation_concurrency, settings.queue_size, name=f"scheduler-{mode}")
@@ -367,9 +429,7 @@ class InferenceService:
             self.breaker.threshold,
             reason,
         )
-        threading.Thread(
-            target=self._switch_quietly, args=(Mode.PYTORCH, f"circuit breaker: {reason}"), daemon=True
-        ).start()
+        self._spawn("breaker-fallback", lambda: self._switch_quietly(Mode.PYTORCH, f"circuit breaker: {reason}"))
 
     def _switch_quietly(self, target: Mode, reason: str) -> None:
         try:
@@ -394,14 +454,17 @@ class InferenceService:
         info = self.info()
         breaker = self.breaker.snapshot()
         mode = self.mode
+        with self._state:
+            standby = sorted(str(m) for m in self._standby)
+            trt_state = self._trt_state
         return {
             "ready": self.ready.is_set(),
             "url": f"http://{self.settings.host}:{self.settings.port}",
             "mode": str(mode) if mode else None,
             "mode_label": _label(info, mode),
-            "trt_engine": self.trt_state,
+            "trt_engine": trt_state,
             "backend": {**asdict(info), "mode": str(info.mode)} if info else None,
-            "standby": sorted(str(m) for m in self._standby),
+            "standby": standby,
             "uptime_s": time.time() - self.started_at,
             "last_switch": {**asdict(self.last_switch), "interruption_s": self.last_switch.interruption_s}
             if self.last_switch
@@ -423,8 +486,3 @@ def _copy_stats(source: GenerationStats, target: GenerationStats) -> None:
 def _label(info: BackendInfo | None, mode: Mode | None) -> str:
     """What serves, in words: the backend's own label (it names the executor), else the mode's."""
     return info.mode_label if info is not None else (mode.label if mode else "none")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]

@@ -20,7 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
+from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, FAST_PATH_WEIGHT_FORMATS
 from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +57,8 @@ class Settings:
         DEFAULT_MAX_RESIDENT_CONVERSATIONS  # conversations whose KV cache stays between turns (LRU beyond)
     )
     max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
+    fast_path_weights: str = "bf16"  # bf16, int8 or fp8: the fast path's decode weights (8-bit: gated at start)
+    fast_path_fused_step: bool = False  # the decode step with the KV write inside the attention kernel
     request_timeout_s: float = 300.0  # longest one answer may take, waiting included
     # --- hot switch, breaker, shutdown ---
     keep_both_backends: bool = False  # keep TensorRT loaded after switching back to PyTorch
@@ -104,6 +106,7 @@ class Settings:
     def validated(self) -> Settings:
         _one_of("DEVICE", self.device, DEVICES)
         _one_of("TORCH_PATH", self.torch_path, TORCH_PATHS)
+        _one_of("FAST_PATH_WEIGHTS", self.fast_path_weights, FAST_PATH_WEIGHT_FORMATS)
         _in_range("PORT", self.port, 1, 65535)
         _in_range("MAX_NEW_TOKENS", self.max_new_tokens, 1, MAX_MAX_NEW_TOKENS)
         _in_range("GENERATION_CONCURRENCY", self.generation_concurrency, 1, 256)
@@ -125,10 +128,6 @@ class Settings:
     @property
     def resolved_model_path(self) -> Path:
         return Path(self.model_path) if self.model_path else DEMO_MODEL_DIR
-
-    @property
-    def uses_demo_model(self) -> bool:
-        return self.model_path is None
 
     @property
     def control_socket_path(self) -> Path:

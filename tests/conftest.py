@@ -15,35 +15,20 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
-# Settings a developer's shell may carry that would point a test server at someone else's files or model.
-ISOLATED_VARIABLES = (
-    "MODEL_PATH",
-    "ENGINE_PATH",
-    "INFERENCE_MODE",
-    "CONTROL_SOCKET",
-    "LOG_DIR",
-    "PORT",
-    "HOST",
-    "KEEP_BOTH_BACKENDS",
-    "MAX_NEW_TOKENS",
-    "DEVICE",
-    "TORCH_PATH",
-    "GENERATION_CONCURRENCY",
-    "QUEUE_SIZE",
-    "DRAIN_TIMEOUT_S",
-    "REQUEST_TIMEOUT_S",
-    "INSTANCE_ID",
-    "NOTIFY_SOCKET",
-    "GRADIO_TEMP_DIR",
-    "UPLOAD_CACHE_DIR",
-    "AUTH_FILE",
-    "MAX_FILE_SIZE_MB",
-    "MAX_PIXELS",
-    "CACHE_MAX_AGE_S",
-    "MAX_TURNS",
-    "MAX_PROMPT_TOKENS",
-    "ALLOW_UNVERIFIED_PLANS",
-)
+
+
+def _isolated_variables() -> frozenset[str]:
+    """Settings a developer's shell may carry that would point a test server at someone else's files or model:
+    every field of serving.settings.Settings (read from the environment by its upper-case name), plus what the
+    process environment means to systemd and Gradio."""
+    from dataclasses import fields
+
+    from serving.settings import Settings
+
+    return frozenset(spec.name.upper() for spec in fields(Settings)) | {"NOTIFY_SOCKET", "GRADIO_TEMP_DIR"}
+
+
+ISOLATED_VARIABLES = _isolated_variables()
 
 
 @pytest.fixture(scope="session")
@@ -103,13 +88,14 @@ class ServerProcess:
                 self.process.wait()
 
 
-def start_server(log_dir: Path, *extra_args: str, env: dict | None = None) -> ServerProcess:
+def start_server(log_dir: Path, *extra_args: str, env: dict | None = None, script: str = "app.py") -> ServerProcess:
+    """Start the real server (or a test wrapper around it, `script`) on a free loopback port; wait until ready."""
     port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
     environment.update({"LOG_DIR": str(log_dir), **(env or {})})
     process = subprocess.Popen(
-        [sys.executable, "app.py", "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
+        [sys.executable, script, "--port", str(port), "--log_file", str(log_dir / "gradio_app.log"), *extra_args],
         cwd=REPO_ROOT,
         env=environment,
         stdout=open(log_dir / "console.log", "ab"),  # noqa: SIM115 (closed with the process)

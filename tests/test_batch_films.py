@@ -387,10 +387,6 @@ def test_bad_use_is_refused_with_a_reason(tmp_path):
 
 
 def test_trt_mode_gives_the_same_features_as_pytorch(tmp_path, request):
-    from tests.assistant.test_confidence_backends import _trt_backend_class
-
-    if _trt_backend_class() is None:
-        pytest.xfail("TRTInference is not on the token-level contract yet; this test runs as soon as it is")
     bundle = request.getfixturevalue("int8_bundle")
     films = tmp_path / "films"
     films.mkdir()

@@ -279,12 +279,6 @@ def _greedy(logits: np.ndarray) -> TokenStep:
     return TokenStep(token, float(-np.log(np.exp(shifted).sum())))
 
 
-def _has_cuda_gpu() -> bool:
-    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
-
-    return probe_cuda_gpu(0)[0] is not None
-
-
 def _why_not_tensorrt(has_engines: bool, module: str) -> str:
     """Why `auto` cannot use the TensorRT executor here ('' when it can): every status line shows it."""
     if not has_engines:

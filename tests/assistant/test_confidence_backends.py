@@ -23,19 +23,10 @@ pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
 
 
-def _trt_backend_class():
-    """TRTInference, or None while it is not ported to the token-level contract (branch core, 2026-12-01)."""
-    try:
-        from trt_inference.trt_model import TRTInference
-    except ImportError:
-        return None
-    return None if inspect.isabstract(TRTInference) else TRTInference
-
-
 def test_same_tokens_same_confidence_on_pytorch_and_the_engine_bundle(demo_model_dir, request):
-    trt_class = _trt_backend_class()
-    if trt_class is None:
-        pytest.xfail("TRTInference is not on the token-level contract yet; this test runs as soon as it is")
+    from trt_inference.trt_model import TRTInference as trt_class
+
+    assert not inspect.isabstract(trt_class), "TRTInference implements the whole token-level contract"
     bundle = request.getfixturevalue("fp32_bundle")  # built only once the test can run
     from pytorch_backend.eager import TorchInference
 

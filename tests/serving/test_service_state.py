@@ -227,3 +227,46 @@ def test_a_hot_switch_drops_the_cached_conversations_of_the_backend_it_retires(t
     list(service.stream_answer(request(conversation_id="d")))
     assert pytorch.resident_conversations == ["d"]
     service.close()
+
+
+def test_a_fallback_that_finishes_loading_after_close_leaves_no_backend_unclosed(tmp_path):
+    """The breaker's fallback switch runs on its own thread. It used to be a daemon nobody joined, and close() did
+    not take the switch lock: a PyTorch load that finished after close() was installed as current and never
+    closed. Now close() waits for the load (or refuses it afterwards), and joins the thread."""
+    loading, release = threading.Event(), threading.Event()
+    inner = scripted_factory()
+
+    def slow_pytorch(mode, settings):
+        if Mode.parse(mode) is Mode.PYTORCH:
+            loading.set()
+            release.wait(10)
+        return inner(mode, settings)
+
+    service = make_service(tmp_path, factory=slow_pytorch, inference_mode=Mode.TRT, breaker_failures=1)
+    service.start()
+    backends(Mode.TRT)[0].failures = 10**6
+    answer_in_background(service)  # fails on TensorRT, trips the breaker: the fallback starts loading PyTorch
+    assert loading.wait(10), "the breaker's fallback never started loading PyTorch"
+    closer = threading.Thread(
+        target=lambda: service.close(timeout_s=0.2) if _takes_timeout(service) else service.close()
+    )
+    closer.start()
+    closer.join(5)
+    release.set()  # the load finishes after close() gave up waiting for it
+    deadline = time.monotonic() + 10
+    owned = getattr(service, "_workers", set())
+    while time.monotonic() < deadline and (closer.is_alive() or any(w.is_alive() for w in owned)):
+        time.sleep(0.01)
+    if not owned:  # code without an owner for the thread: give the fallback's switch a moment to finish
+        time.sleep(0.5)
+    workers_left = [w.name for w in owned if w.is_alive()]
+    assert not workers_left, f"service threads still running after close: {workers_left}"
+    unclosed = [b.mode for b in ScriptedBackend.instances if b.closed_count == 0]
+    assert not unclosed, f"backends never closed: {unclosed}"
+    assert service.mode is None
+
+
+def _takes_timeout(service) -> bool:
+    import inspect
+
+    return "timeout_s" in inspect.signature(service.close).parameters

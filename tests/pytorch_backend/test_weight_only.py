@@ -1,0 +1,110 @@
+"""The 8-bit weight-only linear: quantisation, the Triton kernel (Triton's interpreter on CPU, and compiled for
+SM 9.0 without a GPU), and the fused KV-write attention kernel against its reference."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pytorch_backend.weight_only import (
+    MAX_RECONSTRUCTION_ERROR,
+    quantize_weight,
+    reconstruction_error,
+    reference_weight_only_linear,
+)
+from tests.conftest import REPO_ROOT
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_per_channel_quantisation_reconstructs_and_a_broken_scale_does_not(fmt):
+    torch.manual_seed(0)
+    weight = torch.randn(300, 64) * torch.logspace(-3, 0, 300)[:, None]  # rows of very different ranges
+    quantized = quantize_weight(weight, fmt, rows_per_chunk=128)
+    assert quantized.data.dtype == (torch.int8 if fmt == "int8" else torch.float8_e4m3fn)
+    error = reconstruction_error(weight, quantized)
+    assert error < 0.05  # int8 about 0.01, e4m3 about 0.03 per row
+    x = torch.randn(3, 64)
+    produced = reference_weight_only_linear(x, quantized.data, quantized.scale)
+    expected = x @ weight.T
+    assert ((produced - expected).norm() / expected.norm()) < MAX_RECONSTRUCTION_ERROR[fmt]
+    quantized.scale[7] *= 1.5  # a small row: invisible in the whole matrix's norm, not in its own
+    assert reconstruction_error(weight, quantized) > MAX_RECONSTRUCTION_ERROR[fmt]
+    quantized.scale[7] = float("nan")
+    assert reconstruction_error(weight, quantized) == float("inf")
+
+
+KERNEL_CHECK = r"""
+import os, torch
+os.environ["TRITON_INTERPRET"] = "1"
+import triton.runtime.interpreter as interpreter
+_patch = interpreter._patch_lang_tensor
+def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arrays with int(), which numpy 2 refuses
+    _patch(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+interpreter._patch_lang_tensor = _patch_index
+from pytorch_backend.weight_only import quantize_weight, reference_weight_only_linear, triton_weight_only_linear
+from pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
+torch.manual_seed(0)
+worst = 0.0
+for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32)):
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    q = quantize_weight(w, "int8")
+    for data, scale in ((q.data, q.scale), (w, None)):
+        expected = reference_weight_only_linear(x, data, scale)
+        produced = triton_weight_only_linear(x, data, scale)
+        worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
+for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2), (8, 1, 32, 7, 4)):
+    q = torch.randn(3, heads, dim)
+    qkv = torch.randn(3, 2 * kv_heads * dim + 5)  # k and v as strided views, as the step slices them
+    k = qkv[:, : kv_heads * dim].view(3, kv_heads, dim)
+    v = qkv[:, kv_heads * dim : 2 * kv_heads * dim].view(3, kv_heads, dim)
+    k_cache, v_cache = torch.randn(4, kv_heads, 96, dim), torch.randn(4, kv_heads, 96, dim)
+    k_cache[:, :, 80:] = float("nan")  # past every position below: a read would poison the output
+    slots, positions = torch.tensor([2, 0, 3]), torch.tensor([0, 69, 32])
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    expected = reference_write_decode_attention(q, k, v, k_ref, v_ref, slots, positions, window, 0.17)
+    produced = triton_decode_attention(q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v)
+    worst = max(worst, (expected - produced).abs().max().item())
+    assert torch.equal(k_cache.nan_to_num(), k_ref.nan_to_num()) and torch.equal(v_cache.nan_to_num(), v_ref.nan_to_num())
+print("WORST", worst)
+"""
+
+
+def test_triton_kernels_match_their_references_in_the_interpreter():
+    result = subprocess.run(
+        [sys.executable, "-c", KERNEL_CHECK], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    worst = float(result.stdout.split("WORST")[1])
+    assert worst < 1e-5, worst
+
+
+@pytest.mark.parametrize("weight_type", ["*i8", "*fp8e4nv", "*bf16"])
+def test_weight_only_kernel_compiles_for_the_h200(weight_type):
+    """Triton compiles the GEMV to SM 9.0 code here, without a GPU, for each weight format."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pytorch_backend.weight_only import CONFIGS, _kernels
+
+    signature = {
+        "x": "*bf16",
+        "w": weight_type,
+        "scale": "*fp32",
+        "out": "*bf16",
+        **dict.fromkeys(["m", "n", "k", "x_m", "x_k", "w_n", "w_k", "o_m", "o_n"], "i32"),
+        **dict.fromkeys(["HAS_SCALE", "BLOCK_M", "BLOCK_N", "BLOCK_K"], "constexpr"),
+    }
+    block_n, block_k, warps, stages = CONFIGS[0]
+    sizes = {"HAS_SCALE": weight_type != "*bf16", "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k}
+    compiled = triton.compile(
+        ASTSource(fn=_kernels().raw, signature=signature, constexprs=sizes),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": warps, "num_stages": stages},
+    )
+    assert ".target sm_90" in compiled.asm["ptx"]
+    assert "cubin" in compiled.asm
