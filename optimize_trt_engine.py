@@ -46,6 +46,12 @@ def parse_args(argv):
     parser.add_argument("--verify_tokens", type=int, default=16, help="greedy tokens compared with PyTorch")
     parser.add_argument("--min_cosine", type=float, default=0.99)
     parser.add_argument("--min_token_agreement", type=float, default=0.9)
+    parser.add_argument(
+        "--min_long_token_agreement",
+        type=float,
+        default=0.9,
+        help="greedy agreement with PyTorch on the long multi-turn case (>= 1,536 tokens where --max_seq_len allows)",
+    )
     parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
     parser.add_argument(
         "--max_logprob_delta",
@@ -167,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             thresholds={
                 "min_cosine": args.min_cosine,
                 "min_token_agreement": args.min_token_agreement,
+                "min_long_token_agreement": args.min_long_token_agreement,
                 "max_logprob_delta": args.max_logprob_delta,
                 "max_kl": args.max_kl,
             },

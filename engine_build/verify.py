@@ -19,6 +19,7 @@ from inference_api.types import ChatTurn, GenerationRequest
 class Thresholds:
     min_cosine: float = 0.99
     min_token_agreement: float = 0.9
+    min_long_token_agreement: float = 0.9  # the long multi-turn case's greedy agreement
     max_logprob_delta: float = 0.1  # nats, on the tokens both agree on
     max_kl: float = 0.05  # nats, the first answer token's distribution
 

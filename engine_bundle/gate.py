@@ -59,10 +59,9 @@ def gate_failures(figures: dict, thresholds: dict) -> list[str]:
         checks.append(f"the long conversation (>= {LONG_CONVERSATION_TOKENS} tokens) was not measured")
     else:
         label = f"long conversation ({long_case.get('prompt_tokens')} tokens)"
+        minimum = thresholds.get("min_long_token_agreement", thresholds["min_token_agreement"])
         checks += [
-            _at_least(
-                long_case.get("token_agreement"), thresholds["min_token_agreement"], f"{label} token agreement", ".3f"
-            ),
+            _at_least(long_case.get("token_agreement"), minimum, f"{label} token agreement", ".3f"),
             _at_most(long_case.get("first_token_kl"), thresholds["max_kl"], f"{label} first-token KL", ".5f"),
         ]
     films = figures.get("films")
