@@ -77,8 +77,9 @@ def check_model_identity(bundle_dir: Path, manifest: dict, served_model: str | P
     actual = weights_sha256(served)
     if recorded != actual:
         raise ModelMismatchError(
-            f"the engine bundle {bundle_dir} was built from another model: {built} (weights SHA-256 "
-            f"{str(recorded)[:16]}...), while this server's PyTorch model is {_model_name(served)} (weights SHA-256 "
-            f"{actual[:16]}...). A bundle must serve the same model as PyTorch (the fallback answers from PyTorch). "
+            f"the engine bundle {bundle_dir} was built from another model than this server's PyTorch model "
+            f"{served}: bundle from {built} (weights SHA-256 {str(recorded)[:16]}...), served "
+            f"{_model_name(served)} (weights SHA-256 {actual[:16]}...). A bundle must serve the same model as "
+            "PyTorch (the fallback answers from PyTorch). "
             f"Rebuild the bundle from the served model: {rebuild}; or set MODEL_PATH to {model.get('source_path')}."
         )

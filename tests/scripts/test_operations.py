@@ -50,7 +50,7 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
             "Inference Mode: PyTorch",
             "TRT Engine: Not loaded",
             "Executor: transformers",
-            "Model: medgemma-xray-demo (synthetic phantoms, not a medical model)  [DEMO: not a medical model]",
+            "Model: medgemma-xray-demo (synthetic phantoms, not a medical model)  [Trained on synthetic phantoms only",
             "Device: cpu",
             f"PID {pid}",
             "Circuit breaker: closed",
