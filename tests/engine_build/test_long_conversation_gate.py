@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 FP16 = 10
 # The AutoCast exclusions before issue 17: norms, lm_head and the wrapper's ops only.
 OLD_FP32_NODES = [r".*norm.*", r".*lm_head.*", r"^/[^/]+$"]
+FIXED_FP32_NODES = list(quantize.AUTOCAST_FP32_NODES)  # read before any test patches the module
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_the_fixed_fp16_decoder_keeps_rotary_and_attention_fp32_and_passes_the_l
     2026-12-01), although the full old fp16 build agreed 0.08 on a 1,539-token conversation (a manual probe)."""
     film = model_input_image(load_radiograph(png_bytes(quantize_pixels(chest_phantom(seed=900_001), 8)), "f.png"))
     old = fp16_decoder_bundle(fp32_bundle, tmp_path / "old", OLD_FP32_NODES, monkeypatch)
-    fixed = fp16_decoder_bundle(fp32_bundle, tmp_path / "fixed", quantize.AUTOCAST_FP32_NODES, monkeypatch)
+    fixed = fp16_decoder_bundle(fp32_bundle, tmp_path / "fixed", FIXED_FP32_NODES, monkeypatch)
     fixed_long, fixed_failures = long_case_failures(reference, fixed, film)
     assert fixed_long["prompt_tokens"] >= 1500 and fixed_long["turns"] >= 3
     assert not fixed_failures, fixed_long
