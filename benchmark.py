@@ -52,6 +52,14 @@ def parse_args(argv):
     parser.add_argument("--eager-films", type=int, help="films for pytorch-eager; default --films")
     parser.add_argument("--report-tokens", type=int, default=128)
     parser.add_argument("--report-users", type=int, default=16)
+    parser.add_argument(
+        "--teaching-students",
+        type=int,
+        default=0,
+        help="a teaching round: each student on their own film, a long first question and 3 follow-ups with 1 s "
+        "pauses, arrivals spread over 4 s (0: off)",
+    )
+    parser.add_argument("--class-students", type=int, default=0, help="a class on one film (0: off)")
     parser.add_argument("--max-sequence", type=int, default=2048, help="static KV cache length of the fast path")
     parser.add_argument(
         "--task-phantoms",
@@ -161,6 +169,16 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             bar.set_description(f"{mode}: {films} films")
             record["film_batch"] = measure.film_batch(
                 service, workload.films(films), args.report_users, args.report_tokens, bar.update
+            )
+        if args.teaching_students:
+            bar.set_description(f"{mode}: teaching round")
+            record["teaching_round"] = measure.teaching_round(
+                service, workload.film_variants(args.teaching_students, seed=3), args.answer_tokens, 3, 1.0, 4.0
+            )
+        if args.class_students:
+            bar.set_description(f"{mode}: class on one film")
+            record["class_on_one_film"] = measure.class_on_one_film(
+                service, workload.film_variants(1, seed=4)[0], args.class_students, args.answer_tokens, 2.0
             )
         if args.task_phantoms:
             bar.set_description(f"{mode}: task accuracy")

@@ -7,6 +7,7 @@ to this user account: 0600 files in a fresh 0700 folder, removed by remove_repor
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -21,8 +22,18 @@ from assistant.report_schema import REPORT_FIELDS
 
 EXPORT_FORMAT = "medgemma-xray-report/1"
 DISCLAIMER = "For education and research only. Not a medical device, not for diagnosis."
-JSON_NAME = "chest-xray-report.json"
-MARKDOWN_NAME = "chest-xray-report.md"
+DEFAULT_STEM = "chest-xray-report"
+_LABEL = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+
+
+def export_stem(report_id: str, film_label: str, day: datetime.date | None = None) -> str:
+    """The exports' file name without extension, e.g. 2026-12-01_report-3f9a_film-2: the date, the report's short
+    id and the film's non-identifying label, so two reports never share a name. Refuses anything else as a label
+    (a file name, which may hold a patient's name, must never reach it)."""
+    for name, value in (("report id", report_id), ("film label", film_label)):
+        if not _LABEL.fullmatch(value):
+            raise ValueError(f"{name} must be 1-32 lowercase letters, digits or hyphens, got {value!r}")
+    return f"{(day or datetime.date.today()).isoformat()}_report-{report_id}_{film_label}"
 
 
 def report_json(report: StructuredReport, metadata: dict | None = None) -> str:
@@ -118,13 +129,19 @@ def _write_private(path: Path, data: bytes) -> None:
 
 
 def write_report_files(
-    report: StructuredReport, base_dir: str | os.PathLike | None = None, metadata: dict | None = None
+    report: StructuredReport,
+    base_dir: str | os.PathLike | None = None,
+    metadata: dict | None = None,
+    stem: str = DEFAULT_STEM,
 ) -> ReportFiles:
-    """Write the JSON and Markdown exports into a new private folder (0700) under base_dir (default: the system
-    temp folder; pass the server's private upload cache where there is one). Give the paths to gr.DownloadButton."""
+    """Write the JSON and Markdown exports (stem.json, stem.md; see export_stem) into a new private folder (0700)
+    under base_dir (default: the system temp folder; pass the server's private upload cache where there is one).
+    Give the paths to gr.DownloadButton: the browser saves them under these names."""
+    if Path(stem).name != stem or stem.startswith("."):
+        raise ValueError(f"an export stem is a bare file name, got {stem!r}")
     folder = Path(tempfile.mkdtemp(prefix="report-", dir=base_dir))  # mkdtemp creates it 0700
     os.chmod(folder, 0o700)
-    files = ReportFiles(folder, folder / JSON_NAME, folder / MARKDOWN_NAME)
+    files = ReportFiles(folder, folder / f"{stem}.json", folder / f"{stem}.md")
     _write_private(files.json_path, report_json(report, metadata).encode("utf-8"))
     _write_private(files.markdown_path, report_markdown(report, metadata).encode("utf-8"))
     return files

@@ -209,8 +209,7 @@ def main() -> int:
     save()
 
     films = [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png"))
-        for s in range(args.prompts)
+        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(args.prompts)
     ]
     requests = [
         GenerationRequest(film, (ChatTurn("user", q),), max_new_tokens=args.tokens)

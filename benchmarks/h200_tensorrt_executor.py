@@ -128,7 +128,7 @@ def main() -> int:
     standin = args.workdir / "standin"
     shutil.rmtree(standin, ignore_errors=True)
     make_standin_bundle(fp32, standin, gpu_name, capability)
-    film = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8)), "held_out.png"))
+    film = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8))))
 
     cudart = CountingCudaRuntime(real_cudart)
     memory = CudaMemory(real_cudart, driver)

@@ -23,6 +23,7 @@ class Answer:
     total_s: float
     tokens: int
     reused_tokens: int
+    admitted_ttft_s: float | None = None  # from the backend's start() to the first token: TTFT less queue wait
 
     @property
     def decode_ms_per_token(self) -> float | None:
@@ -44,7 +45,8 @@ def ask(service, request: GenerationRequest) -> tuple[Answer, str]:
     times = stats.token_times
     first = times[0] if times else ended
     last = times[-1] if times else ended
-    return Answer(first - started, last - started, stats.new_tokens, stats.reused_tokens), text
+    answer = Answer(first - started, last - started, stats.new_tokens, stats.reused_tokens, stats.first_token_s)
+    return answer, text
 
 
 def percentiles(values: list[float]) -> dict:
@@ -122,7 +124,12 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
             [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
         ),
         "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
+        "ttft_from_admission_ms": _scaled(percentiles(_admitted(answers)), 1e3),
     }
+
+
+def _admitted(answers: list[Answer]) -> list[float]:
+    return [a.admitted_ttft_s for a in answers if a.admitted_ttft_s is not None]
 
 
 def conversation(service, image, turns: int, max_new_tokens: int, reuse: bool) -> dict:
@@ -199,3 +206,132 @@ def film_batch(service, images: list, users: int, report_tokens: int, progress) 
 
 def _scaled(figures: dict, factor: float) -> dict:
     return {key: (value * factor if key != "n" else value) for key, value in figures.items()}
+
+
+def _cache_delta(service, before: dict | None) -> dict:
+    """Vision-tower calls and cache hit rates over one workload (the backend's counters, after minus before)."""
+    after = service.cache_stats() or {}
+    before = before or {}
+
+    def delta(cache: str, field: str) -> int:
+        return (after.get(cache) or {}).get(field, 0) - (before.get(cache) or {}).get(field, 0)
+
+    image_queries, prefix_queries = delta("mm_cache", "queries"), delta("prefix_cache", "queries")
+    return {
+        "vision_tower_films": delta("mm_cache", "encoder_calls"),
+        "image_cache_queries": image_queries,
+        "image_cache_hit_rate": delta("mm_cache", "hits") / image_queries if image_queries else None,
+        "prefix_cache_query_tokens": prefix_queries,
+        "prefix_cache_hit_rate": delta("prefix_cache", "hits") / prefix_queries if prefix_queries else None,
+    }
+
+
+def _run_students(students: int, spread_s: float, student) -> tuple[float, list[str]]:
+    """Start `students` threads at evenly spread times over spread_s seconds; wait for all. (wall s, failures)"""
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def run(index: int, start_at: float) -> None:
+        time.sleep(max(0.0, start_at - time.perf_counter()))
+        try:
+            student(index)
+        except Exception as exc:  # counted and reported
+            with lock:
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    started = time.perf_counter()
+    threads = [
+        threading.Thread(target=run, args=(i, started + spread_s * i / max(1, students)), daemon=True)
+        for i in range(students)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started, failures
+
+
+def teaching_round(
+    service, images: list, max_new_tokens: int, follow_ups: int, pause_s: float, spread_s: float
+) -> dict:
+    """Each student has their own film (images[i]) and one case: the long first question, then `follow_ups` short
+    ones, pausing pause_s between an answer and the next question; students arrive spread over spread_s."""
+    firsts: list[Answer] = []
+    laters: list[Answer] = []
+    lock = threading.Lock()
+    before = service.cache_stats()
+
+    def student(index: int) -> None:
+        case = uuid.uuid4().hex
+        history: list[tuple[str, str]] = []
+        questions = [workload.QUESTION, *workload.TEACHING_FOLLOW_UPS[:follow_ups]]
+        for turn, question in enumerate(questions):
+            if turn:
+                time.sleep(pause_s)
+            request = workload.conversation_request(images[index], history, question, max_new_tokens, case)
+            answer, text = ask(service, request)
+            history.append((question, text))
+            with lock:
+                (firsts if turn == 0 else laters).append(answer)
+        service.forget_conversation(case)
+
+    wall, failures = _run_students(len(images), spread_s, student)
+    return {
+        "students": len(images),
+        "answer_tokens": max_new_tokens,
+        "follow_ups": follow_ups,
+        "pause_s": pause_s,
+        "arrivals_spread_s": spread_s,
+        "wall_s": wall,
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "first_answer_ttft_ms": _scaled(percentiles95([a.ttft_s for a in firsts]), 1e3),
+        "follow_up_ttft_ms": _scaled(percentiles95([a.ttft_s for a in laters]), 1e3),
+        "follow_up_ttft_from_admission_ms": _scaled(percentiles95(_admitted(laters)), 1e3),
+        "follow_up_reused_tokens": percentiles95([a.reused_tokens for a in laters]),
+        "per_stream_ms_per_token": percentiles95(
+            [a.decode_ms_per_token for a in [*firsts, *laters] if a.decode_ms_per_token is not None]
+        ),
+        "tokens_per_s": sum(a.tokens for a in [*firsts, *laters]) / wall,
+        **_cache_delta(service, before),
+    }
+
+
+def class_on_one_film(service, image, students: int, max_new_tokens: int, spread_s: float) -> dict:
+    """Every student asks about the same film (the first questions vary in wording); arrivals spread over
+    spread_s. The vision tower should run once, and the film's KV be shared."""
+    answers: list[Answer] = []
+    lock = threading.Lock()
+    before = service.cache_stats()
+
+    def student(index: int) -> None:
+        question = workload.CLASS_QUESTIONS[index % len(workload.CLASS_QUESTIONS)]
+        answer, _ = ask(service, GenerationRequest(image, (ChatTurn("user", question),), max_new_tokens))
+        with lock:
+            answers.append(answer)
+
+    wall, failures = _run_students(students, spread_s, student)
+    return {
+        "students": students,
+        "answer_tokens": max_new_tokens,
+        "arrivals_spread_s": spread_s,
+        "wall_s": wall,
+        "failures": len(failures),
+        "failure_examples": failures[:3],
+        "first_answer_ttft_ms": _scaled(percentiles95([a.ttft_s for a in answers]), 1e3),
+        "ttft_from_admission_ms": _scaled(percentiles95(_admitted(answers)), 1e3),
+        "per_stream_ms_per_token": percentiles95(
+            [a.decode_ms_per_token for a in answers if a.decode_ms_per_token is not None]
+        ),
+        "tokens_per_s": sum(a.tokens for a in answers) / wall,
+        **_cache_delta(service, before),
+    }
+
+
+def percentiles95(values: list[float]) -> dict:
+    """percentiles() plus p95, which the issue's teaching-round targets use."""
+    figures = percentiles(values)
+    if values:
+        ordered = sorted(values)
+        figures["p95"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+    return figures

@@ -13,6 +13,9 @@
 5. TTFT split into preprocessing, vision tower, prefill, first decode and the contract's own overhead; 128-token
    answers end to end per mode.
 6. The demo checkpoint's phantom macro-F1, bf16 against int8 (engine_build.task_gate), if time is left.
+7. (gemv) The one-row GEMV kernels on cold weights: per step matrix, 34 distinct copies (2 of the vocabulary
+   matrix) called in one captured CUDA graph, so each call reads weights that are not in L2, as in the step;
+   cuBLAS bf16 over the same shapes for comparison; and the configurations the autotuners chose.
 Sections run in that order and each is skipped once the time budget is spent; the JSON is written after each.
 """
 
@@ -101,6 +104,50 @@ def _matrix_row(n: int, k: int, copies: int, gpt_fast) -> dict:
     return row
 
 
+def gemv_table() -> dict:
+    """us per call and TB/s of the one-row GEMV per step matrix, each call on a different (cold) copy."""
+    import torch
+
+    from pytorch_backend.weight_only import triton_gemv, tuned_configs
+
+    table = {}
+    modes = {"qkv": "split", "o": "split", "gate_up": "glu", "down": "split", "lm_head": "plain"}
+    for name, (n, k) in {**SHAPES, "lm_head": VOCAB}.items():
+        copies = 2 if name == "lm_head" else LAYERS
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        scale = torch.rand(n, device="cuda") * 1e-3 + 1e-4
+        row = {}
+        for fmt in ("int8", "fp8", "cublas_bf16"):
+            if fmt == "int8":
+                weights = [torch.randint(-127, 128, (n, k), dtype=torch.int8, device="cuda") for _ in range(copies)]
+            else:
+                weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+                if fmt == "fp8":
+                    weights = [(w * 64).to(torch.float8_e4m3fn) for w in weights]
+            if fmt == "cublas_bf16":
+
+                def call(w, x=x):
+                    return x @ w.T
+            else:
+
+                def call(w, x=x, scale=scale, mode=modes[name]):
+                    return triton_gemv(x, w, scale, split=mode == "split", glu=mode == "glu")
+
+            call(weights[0])  # autotune (cold, do_bench flushes L2) outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for w in weights:
+                    call(w)
+            us = cuda_ms(graph.replay, repeats=10) * 1e3 / copies
+            nbytes = n * k * weights[0].element_size()
+            row[fmt] = {"us_per_call": round(us, 2), "tb_per_s": round(nbytes / us / 1e6, 2), "mb": nbytes / 1e6}
+            del weights, graph
+        table[name] = {"mode": modes[name], **row}
+    table["tuned"] = tuned_configs()
+    return table
+
+
 def graph_step_ms(step, decoder, repeats: int = 50) -> float:
     import torch
 
@@ -134,7 +181,7 @@ def kernel_profile(step) -> dict:
                 step(tokens, positions, slots)
             torch.cuda.synchronize()
     events = prof.key_averages()
-    top = sorted(events, key=lambda e: e.device_time_total, reverse=True)[:8]
+    top = sorted(events, key=lambda e: e.device_time_total, reverse=True)[:14]
     return {
         "kernels_per_step": sum(e.count for e in events) / 5,
         "kernel_ms_per_step": sum(e.device_time_total for e in events) / 5 / 1e3,
@@ -151,6 +198,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
+    parser.add_argument("--long-prompts", type=int, default=2, help="long conversations in the agreement (0: none)")
     args = parser.parse_args()
     began = time.perf_counter()
     import torch
@@ -162,7 +210,7 @@ def main() -> int:
     from phantoms.films import chest_phantom, png_bytes, quantize
     from pytorch_backend.fast import FastTorchInference
     from pytorch_backend.fused_step import FusedDecodeStep
-    from pytorch_backend.weight_gate import teacher_forced_agreement
+    from pytorch_backend.weight_gate import teacher_forced_agreements
     from serving.settings import DEMO_MODEL_DIR
     from xray_io import load_radiograph
     from xray_io.preprocess import model_input_image
@@ -239,11 +287,13 @@ def main() -> int:
                 step.graphs = graphs
         return table
 
-    section("steps", 120, step_table)
+    section("steps", 60, step_table)
+    from pytorch_backend.weight_only import tuned_configs
+
+    results["tuned"] = tuned_configs()
 
     films = [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png"))
-        for s in range(args.prompts)
+        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(args.prompts)
     ]
     requests = [
         GenerationRequest(film, (ChatTurn("user", q),), max_new_tokens=args.tokens)
@@ -277,19 +327,21 @@ def main() -> int:
         ]
     long_requests = [
         GenerationRequest(films[i], (*long_history, ChatTurn("user", QUESTIONS[i])), max_new_tokens=args.tokens)
-        for i in range(2)
+        for i in range(args.long_prompts)
     ]
 
     def agreement() -> dict:
-        reference = steps["fused_bf16"]
-        table = {}
-        for weights in ("int8", "fp8"):
-            short = teacher_forced_agreement(fast, reference, steps[f"fused_{weights}"], requests, args.tokens)
-            long = teacher_forced_agreement(fast, reference, steps[f"fused_{weights}"], long_requests, args.tokens)
-            table[weights] = {"short": short.as_dict(), "long": long.as_dict()}
+        reference, formats = steps["fused_bf16"], ("int8", "fp8")
+        candidates = [steps[f"fused_{weights}"] for weights in formats]
+        short = teacher_forced_agreements(fast, reference, candidates, requests, args.tokens)
+        table = {weights: {"short": record.as_dict()} for weights, record in zip(formats, short, strict=True)}
+        if long_requests:
+            long = teacher_forced_agreements(fast, reference, candidates, long_requests, args.tokens)
+            for weights, record in zip(formats, long, strict=True):
+                table[weights]["long"] = record.as_dict()
         return table
 
-    section("agreement", 60, agreement)
+    section("agreement", 30, agreement)
 
     ttft_question = QUESTIONS[9] + " Cover the lungs, pleura, heart, mediastinum, bones and any devices." * 6
 
@@ -383,6 +435,7 @@ def main() -> int:
         }
 
     section("demo_f1", 40, demo_f1)
+    section("gemv", 10, gemv_table)
     results["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     save()
 
@@ -402,11 +455,17 @@ def main() -> int:
         print(f"| {key} | {json.dumps(results.get(key), default=str)[:600]} |")
     for weights, row in (results.get("agreement") or {}).items():
         if isinstance(row, dict) and "short" in row:
-            for kind in ("short", "long"):
+            for kind in [kind for kind in ("short", "long") if kind in row]:
                 r = row[kind]
                 print(
                     f"| {weights} {kind} | top1 {r['top1_agreement']:.4f} mean KL {r['mean_kl']:.3g} max KL {r['max_kl']:.3g} ({r['tokens']} tokens) |"
                 )
+    for name, row in (results.get("gemv") or {}).items():
+        if isinstance(row, dict) and "int8" in row:
+            cells = "; ".join(
+                f"{f} {row[f]['us_per_call']} us {row[f]['tb_per_s']} TB/s" for f in ("int8", "fp8", "cublas_bf16")
+            )
+            print(f"| gemv {name} ({row['mode']}) | {cells} |")
     print(f"| skipped | {results['skipped']} | elapsed {time.perf_counter() - began:.0f} s |")
     return 0
 

@@ -110,3 +110,147 @@ def dicom_jpeg_with_lying_size(width: int = 60000, height: int = 60000) -> bytes
     sof = data.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
     data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
     return bytes(data)
+
+
+# --- compressed DICOM whose codestream hides its size from a reader of the first bytes (issue 19, section 1) ---
+
+
+def _small_compressed_film(syntax: str):
+    """A valid 128x112 DX film in `syntax` (jpeg-baseline or jpeg-2000-lossless), read back as a pydicom data set,
+    with its one frame's codestream."""
+    import pydicom
+    from pydicom.encaps import generate_frames
+
+    from phantoms.films import chest_phantom, dicom_bytes, quantize
+
+    bits = 8 if syntax == "jpeg-baseline" else 12
+    data = dicom_bytes(quantize(chest_phantom(128, 112, seed=3), bits), bits_stored=bits, transfer_syntax=syntax)
+    dataset = pydicom.dcmread(io.BytesIO(data))
+    frame = next(generate_frames(dataset.PixelData, number_of_frames=1))
+    return dataset, bytes(frame)
+
+
+def _save_with_fragments(dataset, fragments: list[bytes]) -> bytes:
+    """The data set with its Pixel Data encapsulated as exactly these fragments (after an empty offset table)."""
+    from pydicom.encaps import itemize_fragment
+
+    items = [itemize_fragment(b"")]
+    items += [itemize_fragment(part + b"\x00" * (len(part) % 2)) for part in fragments]
+    dataset.PixelData = b"".join(items)
+    dataset["PixelData"].VR = "OB"
+    buffer = io.BytesIO()
+    dataset.save_as(buffer, enforce_file_format=True)
+    return buffer.getvalue()
+
+
+def _jpeg_claiming(codestream: bytes, width: int, height: int) -> bytes:
+    sof = codestream.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
+    return codestream[: sof + 5] + struct.pack(">HH", height, width) + codestream[sof + 9 :]
+
+
+def _j2k_claiming(codestream: bytes, width: int, height: int) -> bytes:
+    siz = codestream.index(b"\xff\x51")  # after SOC: marker, Lsiz, Rsiz, Xsiz, Ysiz, XOsiz, YOsiz
+    return codestream[: siz + 6] + struct.pack(">IIII", width, height, 0, 0) + codestream[siz + 22 :]
+
+
+def dicom_jpeg_split_fragments(width: int, height: int) -> bytes:
+    """JPEG Baseline whose first fragment holds only the SOI marker; the frame header (claiming width x height
+    against a 128x112 DICOM header) is in the second fragment."""
+    dataset, codestream = _small_compressed_film("jpeg-baseline")
+    codestream = _jpeg_claiming(codestream, width, height)
+    return _save_with_fragments(dataset, [codestream[:2], codestream[2:]])
+
+
+def dicom_jpeg_after_app_segments(width: int, height: int, padding: int = 128 << 10) -> bytes:
+    """JPEG Baseline with `padding` bytes of APP15 segments between SOI and the frame header (which claims
+    width x height against a 128x112 DICOM header): a reader of the first 64 KiB never reaches it."""
+    dataset, codestream = _small_compressed_film("jpeg-baseline")
+    codestream = _jpeg_claiming(codestream, width, height)
+    segments, left = [], padding
+    while left > 0:
+        size = min(left, 65533)
+        segments.append(b"\xff\xef" + struct.pack(">H", size + 2) + bytes(size))
+        left -= size
+    return _save_with_fragments(dataset, [codestream[:2] + b"".join(segments) + codestream[2:]])
+
+
+def _box(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", 8 + len(payload)) + kind + payload
+
+
+def dicom_jp2_after_big_box(width: int, height: int, padding: int = 6 << 10) -> bytes:
+    """JPEG 2000 Lossless as a JP2 file (signature, file type, a `padding`-byte XML box, header, codestream box);
+    its SIZ claims width x height against a 128x112 DICOM header, beyond a reader of the first 4 KiB."""
+    dataset, codestream = _small_compressed_film("jpeg-2000-lossless")
+    codestream = _j2k_claiming(codestream, width, height)
+    ihdr = _box(b"ihdr", struct.pack(">IIHBBBB", height, width, 1, 11, 7, 0, 0))
+    colour = _box(b"colr", struct.pack(">BBBI", 1, 0, 0, 17))  # enumerated: greyscale
+    jp2 = (
+        _box(b"jP  ", b"\r\n\x87\n")
+        + _box(b"ftyp", b"jp2 " + struct.pack(">I", 0) + b"jp2 ")
+        + _box(b"xml ", b"<x>" + b" " * (padding - 7) + b"</x>")
+        + _box(b"jp2h", ihdr + colour)
+        + _box(b"jp2c", codestream)
+    )
+    return _save_with_fragments(dataset, [jp2])
+
+
+def dicom_j2k_split_fragments(width: int, height: int) -> bytes:
+    """JPEG 2000 Lossless whose first fragment holds only the SOC marker; SIZ (claiming width x height) follows in
+    the second."""
+    dataset, codestream = _small_compressed_film("jpeg-2000-lossless")
+    codestream = _j2k_claiming(codestream, width, height)
+    return _save_with_fragments(dataset, [codestream[:2], codestream[2:]])
+
+
+COMPRESSED_SIZE_TRICKS = {
+    "jpeg-split-fragments": dicom_jpeg_split_fragments,
+    "jpeg-after-128KiB-of-APPn": dicom_jpeg_after_app_segments,
+    "jp2-after-6KiB-box": dicom_jp2_after_big_box,
+    "j2k-split-fragments": dicom_j2k_split_fragments,
+}
+
+
+# --- raster files (issue 19, sections 4 and 6) ---
+
+
+def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
+    """A progressive JPEG of side x side with `scans` empty scans (each a repeated SOS header with no data) before
+    EOI: libjpeg makes a full pass over the image per scan, so a small file decodes for minutes."""
+    import re
+
+    from PIL import Image
+
+    from phantoms.films import chest_phantom, quantize
+
+    buffer = io.BytesIO()
+    Image.fromarray(quantize(chest_phantom(side, side, seed=1), 8)).save(
+        buffer, format="JPEG", progressive=True, quality=90
+    )
+    data = buffer.getvalue()
+    last = [found.start() for found in re.finditer(rb"\xff\xda", data)][-1]
+    header = data[last : last + 2 + int.from_bytes(data[last + 2 : last + 4], "big")]
+    return data[:-2] + header * scans + b"\xff\xd9"
+
+
+def png_ztxt_bomb(expanded: int = 64 << 20) -> bytes:
+    """A valid small PNG carrying a zTXt chunk that inflates to `expanded` bytes of text."""
+    from phantoms.films import chest_phantom, png_bytes, quantize
+
+    png = png_bytes(quantize(chest_phantom(256, 256, seed=1), 8))
+    compressor = zlib.compressobj(9)
+    text = _deflate_zeros(expanded, compressor) + compressor.flush()
+    chunk = _png_chunk(b"zTXt", b"Comment\x00\x00" + text)
+    return png[:33] + chunk + png[33:]  # after the signature (8) and IHDR (25)
+
+
+def phone_mpo(side: int = 256) -> bytes:
+    """A two-image MPO (what phones save: the photo, then a second view): the first image is the film."""
+    from PIL import Image
+
+    from phantoms.films import chest_phantom, quantize
+
+    first = Image.fromarray(quantize(chest_phantom(side, side, seed=1), 8)).convert("RGB")
+    buffer = io.BytesIO()
+    first.save(buffer, format="MPO", save_all=True, append_images=[first.rotate(90)], quality=95)
+    return buffer.getvalue()

@@ -80,7 +80,7 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
         name = path.relative_to(folder).as_posix()
         data = path.read_bytes()
         try:
-            film = load_radiograph(data, name)
+            film = load_radiograph(data)
         except ImageInputError as exc:
             skipped.append(f"{name}: {exc}")
             logger.warning("calibration: skipped %s", skipped[-1])

@@ -8,9 +8,12 @@ A backend implements the minimum (Polygraphy's runner shape: the public methods 
   token ids and their log-probabilities;
 - image features; info; warm-up; close.
 
-This class owns the rest: stop tokens, the token limit, detokenisation, stats, cancellation, and the cache of
-resident conversations (a follow-up question prefills only its new tokens). A scheduler drives many generations
-through start / prefill / step / finish; `stream_generate` is the same loop for one caller.
+This class owns the rest: stop tokens, the token limit, detokenisation, stats, cancellation, the cache of
+resident conversations (a follow-up question prefills only its new tokens), and the caches shared across users
+(inference_api/shared_caches.py): the vision tower's output keyed by the film's content hash, and, where the
+backend lends a block pool, the KV of common prompt prefixes, copied into a new conversation at admission. A
+scheduler drives many generations through start / prefill_batch / step / finish; `stream_generate` is the same
+loop for one caller.
 """
 
 from __future__ import annotations
@@ -19,15 +22,15 @@ import abc
 import logging
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from inference_api.decoding import IncrementalDecoder
 from inference_api.errors import BackendClosedError, ConversationTooLongError, NoFreeSlotError, RequestError
+from inference_api.shared_caches import TEXT_ONLY_ROOT, ImageFeatureCache, PrefixBlockCache, image_content_hash
 from inference_api.types import (  # noqa: F401  (re-exported: the contract's vocabulary in one import)
     DEFAULT_MAX_NEW_TOKENS,
     MAX_MAX_NEW_TOKENS,
@@ -42,6 +45,8 @@ from inference_api.types import (  # noqa: F401  (re-exported: the contract's vo
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_IMAGE_CACHE_GIB = 0.5  # about 380 films of MedGemma-4B features (256 x 2560 bf16)
+
 
 @dataclass
 class Prompt:
@@ -49,9 +54,25 @@ class Prompt:
 
     ids: list[int]
     image: Any
-    image_key: str | None
+    image_key: str | None  # the film's content hash once start() has seen it (a caller's key is only a hint)
     features: Any = None  # the backend's image embedding, computed once (see prepare_images)
     extras: dict = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
+
+
+@dataclass
+class LastTurn:
+    """What a resident conversation's last answer was, so its follow-up can continue from the generated ids.
+
+    A previous answer's text re-tokenises to other ids than the model generated (a different split, the template
+    trimming its spaces), so a follow-up encoded from text alone matches the resident KV only up to that answer.
+    `skeleton` is the last prompt encoded with every assistant turn's text left empty: the next request's skeleton
+    must start with it (same system prompt and questions), and what follows it is the new question's tokens."""
+
+    skeleton: list[int]
+    prompt_ids: list[int]  # the last prompt exactly as fed (earlier answers already as their generated ids)
+    answers: tuple[str, ...]  # the assistant texts that prompt was given
+    answer_ids: list[int]  # the ids generated for the last answer (stop token excluded)
+    answer_text: str | None = None  # their decoding, computed at the first follow-up
 
 
 class Conversation:
@@ -64,16 +85,26 @@ class Conversation:
         self.ids: list[int] = []
         self.in_use = False
         self.forgotten = False  # "new case" while an answer was running: free it when that answer ends
+        self.last_turn: LastTurn | None = None
 
 
 class Generation:
     """One answer in progress. After each prefill/step call: `new_text`, `last_step` and `done` say what happened."""
 
-    def __init__(self, request: GenerationRequest, prompt: Prompt, conversation: Conversation, stats) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prompt: Prompt,
+        conversation: Conversation,
+        stats,
+        skeleton: list[int] | None = None,
+    ) -> None:
         self.request = request
         self.prompt = prompt
         self.conversation = conversation
         self.stats: GenerationStats = stats
+        self.skeleton = skeleton  # the prompt with assistant texts left empty (see LastTurn); None: no conversation
+        self.answer_ids: list[int] = []  # generated ids, stop token excluded (what the next turn may continue from)
         self.prefilled = len(conversation.ids)  # prompt tokens whose KV is in place
         self.pending: int | None = None  # sampled but not fed yet
         self.last_step: TokenStep | None = None
@@ -81,6 +112,10 @@ class Generation:
         self.done = False
         self.started = time.perf_counter()
         self.decoder: IncrementalDecoder | None = None
+        # Set by a scheduler that detokenises on another thread: _accept then only queues token ids in `unsent`.
+        self.defer_text = False
+        self.unsent: list[int] = []
+        self.flush_text = False  # the answer ended: the detokeniser flushes after `unsent`
 
     @property
     def prefill_done(self) -> bool:
@@ -98,8 +133,16 @@ class InferenceBackend(abc.ABC):
     max_batch: int = 1
     #: Longest prefill chunk; None: the whole prompt at once. Chunks never split an image's tokens.
     prefill_chunk_tokens: int | None = None
+    #: True where a prefill may start inside an image whose first tokens' KV is in place (their KV already saw the
+    #: whole image, and the chunk's image tokens attend to all of it): a cached prefix then need not stop at the
+    #: image's start. The eager reference reads pixels inside its forward, so it cannot.
+    resumes_inside_images: bool = False
 
-    def __init__(self, max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS) -> None:
+    def __init__(
+        self,
+        max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
+        image_cache_gib: float = DEFAULT_IMAGE_CACHE_GIB,
+    ) -> None:
         self._closed = False
         self._close_lock = threading.Lock()
         self._lock = threading.RLock()
@@ -110,6 +153,9 @@ class InferenceBackend(abc.ABC):
         self.stop_token_ids: frozenset[int] = frozenset()
         self.image_token_id: int | None = None
         self.max_sequence: int | None = None  # longest conversation plus answer, where the backend has a limit
+        self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), _nbytes)
+        # A backend with a KV block pool replaces this (and implements _load_prefix_impl / _save_prefix_impl).
+        self.prefix_cache = PrefixBlockCache(0, 16)
 
     # --- one caller: the whole loop --------------------------------------------------------------------------
     def stream_generate(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Iterator[str]:
@@ -157,13 +203,20 @@ class InferenceBackend(abc.ABC):
                 self._free_impl(kv)
 
     # --- many callers: what a scheduler drives ---------------------------------------------------------------------
-    def start(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Generation:
-        """Encode the request and place it on a conversation (a resident one when it can be reused). No model work."""
+    def start(
+        self, request: GenerationRequest, stats: GenerationStats | None = None, image_hash: str | None = None
+    ) -> Generation:
+        """Encode the request and place it on a conversation: a resident one when it can be reused, else a fresh one
+        into which the longest cached prefix of the same film is copied. image_hash: the film's content hash when
+        the caller computed it already (off the loop thread)."""
         self.check_health()
         request.validate()
         stats = stats if stats is not None else GenerationStats()
         with self._lock:
-            prompt = self._encode_impl(request)
+            image_key = None
+            if request.image is not None:
+                image_key = image_hash or image_content_hash(request.image)
+            prompt, skeleton = self._encode_turns(request, image_key)
             if not prompt.ids:
                 raise RequestError("the prompt encoded to no tokens")
             stats.prompt_tokens = len(prompt.ids)
@@ -172,11 +225,14 @@ class InferenceBackend(abc.ABC):
                     f"the conversation ({len(prompt.ids)} tokens) plus the answer ({request.max_new_tokens}) exceeds "
                     f"this model's maximum of {self.max_sequence} tokens; start a new case to continue"
                 )
-            if prompt.image_key is None and request.conversation_id is not None and prompt.image is not None:
-                prompt.image_key = request.image_key or _image_fingerprint(prompt.image)
+            prompt.image_key = image_key if prompt.image is not None else None
             conversation = self._conversation_for(request.conversation_id, prompt)
-            generation = Generation(request, prompt, conversation, stats)
-            stats.reused_tokens = generation.prefilled
+            reused = len(conversation.ids)
+            if not reused:
+                self._copy_cached_prefix(conversation, prompt)
+            generation = Generation(request, prompt, conversation, stats, skeleton)
+            stats.reused_tokens = reused
+            stats.prefix_cached_tokens = generation.prefilled - reused
             generation.decoder = IncrementalDecoder(self._detokenize_impl)
             return generation
 
@@ -185,25 +241,72 @@ class InferenceBackend(abc.ABC):
         with self._lock:
             waiting = [g for g in generations if g.prompt.features is None and self._needs_image(g)]
             if waiting:
-                self._prepare_images_impl([g.prompt for g in waiting])
+                self._prepare_images([g.prompt for g in waiting], [g.request.image_key for g in waiting])
+
+    def _prepare_images(self, prompts: list[Prompt], hints: list[str | None]) -> None:
+        """Features from the image cache where it holds the film; the rest through the vision tower, each distinct
+        film once, as one batch."""
+        misses: dict[str, list[Prompt]] = {}
+        uncached: list[Prompt] = []
+        for prompt, hint in zip(prompts, hints, strict=True):
+            key = prompt.image_key
+            cached = self.image_cache.get(key, hint) if key is not None else None
+            if cached is not None:
+                prompt.features = cached
+            elif key is None:
+                uncached.append(prompt)
+            else:
+                misses.setdefault(key, []).append(prompt)
+        if not misses and not uncached:
+            return
+        first = [group[0] for group in misses.values()]
+        self._prepare_images_impl(first + uncached)
+        self.image_cache.encoder_calls += len(first) + len(uncached)
+        for key, group in misses.items():
+            features = group[0].features
+            if features is None:  # a backend that reads the pixels inside its prefill (the eager reference)
+                continue
+            self.image_cache.put(key, features)
+            for prompt in group[1:]:
+                prompt.features = features
 
     def prefill(self, generation: Generation, budget_tokens: int | None = None) -> bool:
         """Feed the next chunk of the prompt (at most budget_tokens). True once the first answer token is sampled."""
         self.check_health()
         if generation.prefill_done:
             return True
+        return self.prefill_batch([generation], budget_tokens)[0]
+
+    def prefill_batch(self, generations: Sequence[Generation], budget_tokens: int | None = None) -> list[bool]:
+        """Feed the next chunk of each generation's prompt in one model call where the backend can (packed), with
+        at most budget_tokens prompt tokens in all, first come first served. Each generation gets a chunk while
+        budget is left; chunks never split an image. Returns, per generation, whether its first answer token is
+        now sampled."""
+        self.check_health()
         with self._lock:
-            if self._needs_image(generation) and generation.prompt.features is None:
-                self._prepare_images_impl([generation.prompt])
-            start = generation.prefilled
-            end = self._chunk_end(generation.prompt, start, budget_tokens)
-            last = end == len(generation.prompt.ids)
-            step = self._prefill_impl(generation.conversation.kv, generation.prompt, start, end, last)
-            generation.conversation.ids.extend(generation.prompt.ids[start:end])
-            generation.prefilled = end
-            if last:
-                self._accept(generation, step)
-            return last
+            chunks, left = [], budget_tokens
+            for generation in generations:
+                if generation.prefill_done or (left is not None and left <= 0):
+                    continue
+                if self._needs_image(generation) and generation.prompt.features is None:
+                    self._prepare_images([generation.prompt], [generation.request.image_key])
+                start = generation.prefilled
+                end = self._chunk_end(generation.prompt, start, left)
+                chunks.append((generation, start, end))
+                if left is not None:
+                    left -= end - start
+            if chunks:
+                items = [
+                    (g.conversation.kv, g.prompt, start, end, end == len(g.prompt.ids)) for g, start, end in chunks
+                ]
+                steps = self._prefill_batch_impl(items)
+                for (generation, start, end), step in zip(chunks, steps, strict=True):
+                    generation.conversation.ids.extend(generation.prompt.ids[start:end])
+                    generation.prefilled = end
+                    if end == len(generation.prompt.ids):
+                        self._save_prefix(generation.conversation, generation.prompt)
+                        self._accept(generation, step)
+            return [g.prefill_done for g in generations]
 
     def step(self, generations: Sequence[Generation]) -> None:
         """Decode one token for each generation (one batched call where the backend can)."""
@@ -242,8 +345,19 @@ class InferenceBackend(abc.ABC):
                 and not self._closed
             )
             if keep:
+                # Two answers under one id run on two conversations (the second found no resident one): the one that
+                # ends last stays resident, and the other's KV is freed here, not leaked.
+                replaced = self._resident.pop(conversation.conversation_id, None)
+                if replaced is not None and replaced is not conversation:
+                    self._free(replaced)
+                if generation.skeleton is not None:
+                    conversation.last_turn = LastTurn(
+                        generation.skeleton,
+                        generation.prompt.ids,
+                        tuple(turn.text for turn in generation.request.turns[1::2]),
+                        generation.answer_ids,
+                    )
                 self._resident[conversation.conversation_id] = conversation
-                self._resident.move_to_end(conversation.conversation_id)
                 self._evict_until(self.max_resident_conversations)
             else:
                 self._free(conversation)
@@ -272,7 +386,15 @@ class InferenceBackend(abc.ABC):
         if not images:
             raise RequestError("image_features needs at least one image")
         with self._lock:
-            return self._image_features_impl(list(images))
+            if self.image_cache.capacity_bytes <= 0:
+                return self._image_features_impl(list(images))
+            # Through the image cache, so a folder's features serve its reports (and the reverse) without running
+            # the vision tower twice per film.
+            prompts = [Prompt([], image, image_content_hash(image)) for image in images]
+            self._prepare_images(prompts, [None] * len(prompts))
+            if any(prompt.features is None for prompt in prompts):  # a backend that encodes inside its prefill
+                return self._image_features_impl(list(images))
+            return _stack_float32([prompt.features for prompt in prompts])
 
     def info(self) -> BackendInfo:
         return self._info_impl()
@@ -298,6 +420,8 @@ class InferenceBackend(abc.ABC):
             self._closed = True
         with self._lock:
             self.forget_all()
+            self.image_cache.clear()
+            self.prefix_cache.clear()
             self._close_impl()
         logger.info("%s backend closed", type(self).__name__)
 
@@ -318,24 +442,95 @@ class InferenceBackend(abc.ABC):
     def _accept(self, generation: Generation, step: TokenStep) -> None:
         stats = generation.stats
         generation.last_step, generation.new_text, generation.pending = step, "", None
+        deferred = generation.defer_text
         if step.token_id in self.stop_token_ids:
             generation.done, stats.finish_reason = True, "stop"
-            generation.new_text = generation.decoder.flush()
+            if deferred:
+                generation.flush_text = True
+            else:
+                generation.new_text = generation.decoder.flush()
             return
         if stats.first_token_s is None:
             stats.first_token_s = time.perf_counter() - generation.started
+        generation.answer_ids.append(step.token_id)
         stats.new_tokens += 1
-        text = generation.decoder.push(step.token_id)
         stats.token_ids.append(step.token_id)
         stats.token_logprobs.append(step.logprob)
-        stats.token_texts.append(text)
         stats.token_times.append(time.perf_counter())
-        generation.new_text = text
+        if deferred:
+            generation.unsent.append(step.token_id)
+        else:
+            text = generation.decoder.push(step.token_id)
+            stats.token_texts.append(text)
+            generation.new_text = text
         if stats.new_tokens >= generation.request.max_new_tokens:
             generation.done, stats.finish_reason = True, "length"
-            generation.new_text += generation.decoder.flush()
+            if deferred:
+                generation.flush_text = True
+            else:
+                generation.new_text += generation.decoder.flush()
         else:
             generation.pending = step.token_id
+
+    @staticmethod
+    def take_unsent(generation: Generation) -> tuple[list[int], bool]:
+        """On the thread that steps: the token ids _accept queued for a deferred generation, and whether the
+        answer ended (the detokeniser must flush after them)."""
+        ids, generation.unsent = generation.unsent, []
+        flush, generation.flush_text = generation.flush_text, False
+        return ids, flush
+
+    @staticmethod
+    def detokenize(generation: Generation, ids: list[int], flush: bool) -> str:
+        """On one other thread, in order: the text those ids add (stats.token_texts too, as inline)."""
+        text = ""
+        for token in ids:
+            piece = generation.decoder.push(token)
+            generation.stats.token_texts.append(piece)
+            text += piece
+        return text + (generation.decoder.flush() if flush else "")
+
+    def _encode_turns(self, request: GenerationRequest, image_key: str | None) -> tuple[Prompt, list[int] | None]:
+        """The prompt to feed, and its skeleton (see LastTurn) when the request names a conversation.
+
+        A follow-up to a resident conversation continues from the exact ids of its previous turns (whose KV is
+        resident) instead of their re-tokenised text, when the request's history is the one that conversation
+        answered: same film, same earlier turns, and the previous answer's text equal to the decoding of the ids
+        generated for it. The prompt is then what a fresh conversation given that token history would be fed.
+        Anything else (an edited history, another film, an evicted conversation) encodes the text as it is."""
+        if request.conversation_id is None:
+            return self._encode_impl(request), None
+        if len(request.turns) < 2:  # a first question: no answer to leave out
+            prompt = self._encode_impl(request)
+            return prompt, list(prompt.ids)
+        blank = tuple(ChatTurn(turn.role, "" if turn.role == "assistant" else turn.text) for turn in request.turns)
+        prompt = self._encode_impl(replace(request, turns=blank))
+        skeleton = list(prompt.ids)
+        resident = self._resident.get(request.conversation_id)
+        spliced = self._continue_turn(resident, request, image_key, skeleton) if resident is not None else None
+        if spliced is None:
+            return self._encode_impl(request), skeleton
+        prompt.ids = spliced
+        return prompt, skeleton
+
+    def _continue_turn(
+        self, resident: Conversation, request: GenerationRequest, image_key: str | None, skeleton: list[int]
+    ) -> list[int] | None:
+        """The follow-up's ids built on the resident conversation's last turn, or None where that would be wrong."""
+        last = resident.last_turn
+        if last is None or resident.image_key != image_key:
+            return None
+        answers = tuple(turn.text for turn in request.turns[1::2])
+        if answers[:-1] != last.answers:
+            return None
+        if last.answer_text is None:
+            last.answer_text = self._detokenize_impl(last.answer_ids)
+        if answers[-1] != last.answer_text:  # not the answer this conversation gave (cleared, rewritten)
+            return None
+        done = len(last.skeleton)
+        if len(skeleton) <= done or skeleton[:done] != last.skeleton:
+            return None
+        return [*last.prompt_ids, *last.answer_ids, *skeleton[done:]]
 
     def _conversation_for(self, conversation_id: str | None, prompt: Prompt) -> Conversation:
         resident = self._resident.pop(conversation_id, None) if conversation_id is not None else None
@@ -364,6 +559,42 @@ class InferenceBackend(abc.ABC):
             while common > 0 and prompt.ids[common - 1] == image:
                 common -= 1
         return common
+
+    def _prefix_root(self, prompt: Prompt) -> str | None:
+        """The chain root of a prompt's prefix blocks: the film's content hash (no film: a fixed text-only root).
+        None when the prompt has image tokens but no known film, which then never shares."""
+        has_image = self.image_token_id is not None and self.image_token_id in prompt.ids
+        if not has_image:
+            return TEXT_ONLY_ROOT
+        return f"image:{prompt.image_key}" if prompt.image_key else None
+
+    def _copy_cached_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
+        """Copy-on-admit: the longest cached run of this film's leading prompt blocks into the new conversation."""
+        root = self._prefix_root(prompt)
+        if root is None or not self.prefix_cache.enabled:
+            return
+        pool_ids = self.prefix_cache.lookup(root, prompt.ids, len(prompt.ids) - 1)  # the last token is prefilled
+        length = len(pool_ids) * self.prefix_cache.block_tokens
+        image = self.image_token_id
+        if not self.resumes_inside_images and image is not None and 0 < length < len(prompt.ids):
+            # Never resume inside an image (the same rule as a resident conversation's reuse).
+            while length > 0 and prompt.ids[length] == image and prompt.ids[length - 1] == image:
+                length -= 1
+        if length <= 0:
+            return
+        blocks = -(-length // self.prefix_cache.block_tokens)
+        self._load_prefix_impl(conversation.kv, pool_ids[:blocks], length)
+        conversation.ids = list(prompt.ids[:length])
+
+    def _save_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
+        """After a whole prompt is prefilled: its full blocks not cached yet go into the block pool."""
+        root = self._prefix_root(prompt)
+        if root is None or not self.prefix_cache.enabled:
+            return
+        # Blocks already cached need no copy: reserve() skips them and refreshes their place in the LRU order.
+        wanted = self.prefix_cache.reserve(root, conversation.ids[: len(prompt.ids)], 0)
+        if wanted:
+            self._save_prefix_impl(conversation.kv, wanted)
 
     def _allocate(self):
         while True:
@@ -426,6 +657,30 @@ class InferenceBackend(abc.ABC):
     def _prompt_logits_impl(self, kv: Any, prompt: Prompt):
         """Prefill the whole prompt into an empty kv; return the next token's float32 logits as a numpy array."""
 
+    def _prefill_batch_impl(self, items: list[tuple[Any, Prompt, int, int, bool]]) -> list[TokenStep | None]:
+        """Several (kv, prompt, start, end, want_token) chunks; a backend that can packs them into one forward."""
+        return [self._prefill_impl(kv, prompt, start, end, want) for kv, prompt, start, end, want in items]
+
+    def _load_prefix_impl(self, kv: Any, pool_ids: list[int], length: int) -> None:
+        """Copy pool blocks pool_ids (in order) into kv's positions 0..length-1 (a backend with a block pool)."""
+        raise NotImplementedError
+
+    def _save_prefix_impl(self, kv: Any, blocks: list[tuple[int, int]]) -> None:
+        """Copy kv's prompt block `index` (positions index*B..(index+1)*B-1) into pool block `pool_id`, per pair."""
+        raise NotImplementedError
+
+    def cache_stats(self) -> dict:
+        """Counters for the shared caches and the KV slots, read by metrics and the benchmark (any thread)."""
+        return {
+            "mm_cache": self.image_cache.stats(),
+            "prefix_cache": self.prefix_cache.stats(),
+            "kv_cache_usage": self._kv_usage(),
+        }
+
+    def _kv_usage(self) -> float | None:
+        """Fraction of the backend's KV capacity in use (0..1); None where it has no fixed capacity."""
+        return None
+
     def _truncate_impl(self, kv: Any, length: int) -> bool:
         """Keep only the first `length` positions. False where the backend cannot (the contract then re-prefills)."""
         return False
@@ -458,7 +713,14 @@ class InferenceBackend(abc.ABC):
     def _close_impl(self) -> None: ...
 
 
-def _image_fingerprint(image) -> str:
-    """A content hash of the film (crc32 of its pixels: ~1 ms for 896x896 RGB), so a cache is never reused across films."""
-    data = image.tobytes() if hasattr(image, "tobytes") else bytes(image)
-    return f"{zlib.crc32(data):08x}-{len(data)}"
+def _stack_float32(rows: list):
+    """(n, tokens, hidden) float32 numpy from per-film feature rows (torch tensors on any device, or numpy)."""
+    import numpy as np
+
+    arrays = [row.float().cpu().numpy() if hasattr(row, "cpu") else np.asarray(row, dtype=np.float32) for row in rows]
+    return np.stack(arrays).astype(np.float32)
+
+
+def _nbytes(value) -> int:
+    """Bytes held by a feature array: a torch tensor or a numpy array."""
+    return int(getattr(value, "nbytes", 0) or value.numel() * value.element_size())

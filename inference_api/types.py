@@ -45,8 +45,10 @@ class GenerationRequest:
     """One answer: the film (padded to square, RGB) and the conversation so far, ending with the user's question.
 
     conversation_id: a case's own id. A backend may keep that conversation's KV cache between turns and then
-    prefills only the new tokens; the answer is the same either way. image_key identifies the film (a content
-    hash); the cache is reused only for the same film. Left out, the contract computes one.
+    prefills only the new tokens: a follow-up whose history is the one that conversation answered continues from
+    the ids generated for its answers (the text can re-tokenise to other ids), so its answer is the one a fresh
+    conversation given that token history gives. image_key identifies the film (a content hash); the cache is
+    reused only for the same film. Left out, the contract computes one.
     """
 
     image: Any  # PIL.Image.Image; untyped so this module never imports Pillow
@@ -123,6 +125,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose KV came from the conversation cache instead of a prefill
+    prefix_cached_tokens: int = 0  # prompt tokens whose KV was copied from the shared prefix cache (same film)
     new_tokens: int = 0
     first_token_s: float | None = None  # seconds from the call to the first generated token
     total_s: float | None = None

@@ -43,14 +43,24 @@ def reference_decode_attention(q, k_cache, v_cache, slots, lengths, window: int,
 
 
 def triton_decode_attention(
-    q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8, new_k=None, new_v=None
+    q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8, new_k=None, new_v=None, rope=None
 ):
     """new_k, new_v: (batch, kv_heads, dim) or None. Given, `lengths` holds each sequence's new position (length - 1)
     and the kernel also writes them into each sequence's slot at
     position length - 1 (the KV write fused into attention: no separate index_put kernels), and attends to them
-    from registers, so no program ever depends on another program's store."""
+    from registers, so no program ever depends on another program's store.
+
+    rope: (q_norm, k_norm, cos_table, sin_table, eps) or None. Given (with new_k), q and new_k are the raw
+    projections: the kernel applies Gemma's per-head RMSNorm and the rotary embedding at the new position itself
+    (norm_rope_reference's arithmetic), so the step needs no separate norm/rotary kernels for q and k."""
     kernels = _kernels()
     write = new_k is not None
+    if rope is not None and not write:
+        raise ValueError("the fused norm/rotary needs the new keys (new_k, new_v)")
+    if rope is not None:
+        q_norm, k_norm, cos_table, sin_table, eps = rope
+    else:
+        q_norm, k_norm, cos_table, sin_table, eps = q, q, q, q, 0.0  # unread unless NORM_ROPE
     if write and (new_k.shape != (q.shape[0], k_cache.shape[1], q.shape[2]) or new_v.shape != new_k.shape):
         raise ValueError(
             f"new keys/values must be (batch, kv_heads, dim), got {tuple(new_k.shape)}, {tuple(new_v.shape)}"
@@ -82,11 +92,18 @@ def triton_decode_attention(
         window if window > 0 else 1 << 30,
         group,
         splits,
+        q_norm,
+        k_norm,
+        cos_table,
+        sin_table,
+        cos_table.stride(0) if rope is not None else 0,
+        eps,
         DIM=dim,
         BLOCK_DIM=triton_next_power_of_2(dim),
         BLOCK_N=BLOCK_N,
         BLOCK_H=BLOCK_H,
         WRITE_KV=write,
+        NORM_ROPE=rope is not None,
     )
     out = torch.empty_like(q)
     kernels.merge[(batch, heads)](
@@ -149,11 +166,18 @@ def _kernels():
         window,
         group,
         splits,
+        q_norm,
+        k_norm,
+        cos_table,
+        sin_table,
+        cs_n,
+        eps,
         DIM: tl.constexpr,
         BLOCK_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_H: tl.constexpr,
         WRITE_KV: tl.constexpr,
+        NORM_ROPE: tl.constexpr,
     ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -183,6 +207,33 @@ def _kernels():
         if WRITE_KV:
             k_new = tl.load(new_k + b * nk_b + kv_head * nk_h + dims * nk_d, mask=dim_ok, other=0.0)
             v_new = tl.load(new_v + b * nv_b + kv_head * nv_h + dims * nv_d, mask=dim_ok, other=0.0)
+        if NORM_ROPE:
+            # rotate_half(x)[d] = -x[d + DIM/2] for d < DIM/2, else x[d - DIM/2]: load the partner element directly
+            partner = (dims + DIM // 2) % DIM
+            sign = tl.where(dims < DIM // 2, -1.0, 1.0)
+            cos = tl.load(cos_table + last * cs_n + dims, mask=dim_ok, other=0.0).to(tl.float32)
+            sin = tl.load(sin_table + last * cs_n + dims, mask=dim_ok, other=0.0).to(tl.float32)
+            q_pair = tl.load(
+                q + b * q_b + head[:, None] * q_h + partner[None, :] * q_d,
+                mask=row_ok[:, None] & dim_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            qf = qt.to(tl.float32)
+            q_inv = tl.rsqrt(tl.sum(qf * qf, 1) / DIM + eps)
+            q_w = 1.0 + tl.load(q_norm + dims, mask=dim_ok, other=0.0).to(tl.float32)
+            q_w_pair = 1.0 + tl.load(q_norm + partner, mask=dim_ok, other=0.0).to(tl.float32)
+            q_n = (qf * q_inv[:, None] * q_w[None, :]).to(qt.dtype).to(tl.float32)
+            q_n_pair = (q_pair * q_inv[:, None] * q_w_pair[None, :]).to(qt.dtype).to(tl.float32)
+            qt = (q_n * cos[None, :] + sign[None, :] * q_n_pair * sin[None, :]).to(qt.dtype)
+            k_pair = tl.load(new_k + b * nk_b + kv_head * nk_h + partner * nk_d, mask=dim_ok, other=0.0).to(tl.float32)
+            kf = k_new.to(tl.float32)
+            k_inv = tl.rsqrt(tl.sum(kf * kf, 0) / DIM + eps)
+            k_w = 1.0 + tl.load(k_norm + dims, mask=dim_ok, other=0.0).to(tl.float32)
+            k_w_pair = 1.0 + tl.load(k_norm + partner, mask=dim_ok, other=0.0).to(tl.float32)
+            k_n = (kf * k_inv * k_w).to(k_new.dtype).to(tl.float32)
+            k_n_pair = (k_pair * k_inv * k_w_pair).to(k_new.dtype).to(tl.float32)
+            k_new = (k_n * cos + sign * k_n_pair * sin).to(k_new.dtype)
+        if WRITE_KV:
             owner = (last >= lo) & (last < hi)  # exactly one split of this (sequence, kv head) holds the new key
             tl.store(k_cache + base + last * c_n + dims * c_d, k_new.to(k_cache.dtype.element_ty), mask=dim_ok & owner)
             tl.store(v_cache + base + last * c_n + dims * c_d, v_new.to(v_cache.dtype.element_ty), mask=dim_ok & owner)
@@ -266,6 +317,30 @@ def reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions
     k_cache[slots, :, positions] = k
     v_cache[slots, :, positions] = v
     return reference_decode_attention(q, k_cache, v_cache, slots, positions + 1, window, scale)
+
+
+def norm_rope_reference(x, norm_weight, cos_table, sin_table, positions, eps: float):
+    """Gemma's per-head RMSNorm then the rotary embedding at each sequence's position; x: (batch, heads, dim)."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + norm_weight.float())).to(x.dtype)
+    cos, sin = cos_table[positions][:, None, :].float(), sin_table[positions][:, None, :].float()
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-normed[..., half:], normed[..., :half]), dim=-1).float()
+    return (normed.float() * cos + rotated * sin).to(x.dtype)
+
+
+def write_decode_attention_rope(
+    q, k, v, k_cache, v_cache, slots, positions, q_norm, k_norm, cos_table, sin_table, eps: float, window, scale
+):
+    """write_decode_attention over raw q/k projections: their norm and rotary inside the kernel on CUDA."""
+    if q.is_cuda:
+        rope = (q_norm, k_norm, cos_table, sin_table, eps)
+        return triton_decode_attention(
+            q, k_cache, v_cache, slots, positions, window, scale, new_k=k, new_v=v, rope=rope
+        )
+    q = norm_rope_reference(q, q_norm, cos_table, sin_table, positions, eps)
+    k = norm_rope_reference(k, k_norm, cos_table, sin_table, positions, eps)
+    return reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window, scale)
 
 
 def write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window: int, scale: float) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The fast PyTorch path: a static slotted KV cache, batched decode steps captured as CUDA graphs, argmax and
-log-probabilities on the device, prefill in chunks, the vision tower compiled.
+log-probabilities on the device, several prompts prefilled together in one packed, compiled forward, the vision
+tower compiled, and a pool of prefix KV blocks that new conversations on the same film copy from.
 
 Same model, weights and prompts as the eager reference (it subclasses it); only the KV state and the decoder loop
 differ. On CPU it runs the same code without compile or graphs, which is how CI checks it token for token against
@@ -13,13 +14,16 @@ import time
 from pathlib import Path
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
-from inference_api.contract import Prompt, TokenStep
+from inference_api.contract import DEFAULT_IMAGE_CACHE_GIB, Prompt, TokenStep
 from inference_api.errors import NoFreeSlotError
+from inference_api.shared_caches import ImageFeatureCache, PrefixBlockCache
 from pytorch_backend.eager import TorchInference
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_PREFIX_CACHE_GIB = 1.0  # about 470 blocks of 16 tokens at MedGemma-4B's size: 7,500 prompt tokens
+PREFIX_BLOCK_TOKENS = 16  # vLLM's default block size
 
 
 class SlotState:
@@ -33,6 +37,7 @@ class SlotState:
 
 class FastTorchInference(TorchInference):
     executor_name = "transformers-fast"
+    resumes_inside_images = True  # image rows are placed from prompt.features by position, any chunk start
 
     def __init__(
         self,
@@ -46,6 +51,8 @@ class FastTorchInference(TorchInference):
         batch_buckets: tuple[int, ...] = DEFAULT_BATCH_BUCKETS,
         prefill_chunk_tokens: int = 1024,
         preloaded: tuple | None = None,
+        prefix_cache_gib: float = DEFAULT_PREFIX_CACHE_GIB,
+        image_cache_gib: float = DEFAULT_IMAGE_CACHE_GIB,
         weights: str = "bf16",
         fused_step: bool = False,
     ) -> None:
@@ -70,12 +77,19 @@ class FastTorchInference(TorchInference):
             self.fused = FusedDecodeStep(self.decoder, weights)
         self._graphs = None
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
+        self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), self.image_cache._size_of)
+        blocks = int(prefix_cache_gib * 2**30) // self.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
+        self.decoder.allocate_prefix_pool(blocks, PREFIX_BLOCK_TOKENS)
+        self.prefix_cache = PrefixBlockCache(blocks, PREFIX_BLOCK_TOKENS)
         self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
         logger.info(
-            "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), compile=%s, CUDA graphs=%s",
+            "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), prefix pool %d blocks (%.2f GiB), "
+            "compile=%s, CUDA graphs=%s",
             slots,
             max_sequence,
             self.decoder.cache_bytes / 2**30,
+            blocks,
+            blocks * self.decoder.block_bytes(PREFIX_BLOCK_TOKENS) / 2**30,
             self.use_compile,
             self.use_graphs,
         )
@@ -92,6 +106,18 @@ class FastTorchInference(TorchInference):
     def _free_impl(self, kv: SlotState) -> None:
         self._free_slots.append(kv.slot)
 
+    def _kv_usage(self) -> float:
+        slots = self.decoder.slots
+        return (slots - len(self._free_slots)) / slots if slots else 0.0
+
+    def _load_prefix_impl(self, kv: SlotState, pool_ids: list[int], length: int) -> None:
+        with self._torch.inference_mode():
+            self.decoder.load_prefix(kv.slot, pool_ids, length)
+
+    def _save_prefix_impl(self, kv: SlotState, blocks: list[tuple[int, int]]) -> None:
+        with self._torch.inference_mode():
+            self.decoder.save_prefix(kv.slot, blocks)
+
     # --- model calls -------------------------------------------------------------------------------------------
     def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
         torch = self._torch
@@ -103,33 +129,54 @@ class FastTorchInference(TorchInference):
             features = vision(pixels)
         features = getattr(features, "pooler_output", features)
         for prompt, row in zip(prompts, features, strict=True):
-            prompt.features = row
+            # Own memory per film: the image cache keeps rows, and a view would pin the whole batch.
+            prompt.features = row if features.shape[0] == 1 else row.clone()
 
     def _prefill_impl(self, kv: SlotState, prompt: Prompt, start: int, end: int, want_token: bool):
-        logits = self._run_prompt(kv, prompt, start, end)
-        if not want_token:
-            return None
-        logprobs = self._torch.log_softmax(logits.float(), dim=-1)
-        best = logprobs.max(dim=-1)
-        return TokenStep(int(best.indices[0]), float(best.values[0]))
+        return self._prefill_batch_impl([(kv, prompt, start, end, want_token)])[0]
+
+    def _prefill_batch_impl(self, items: list) -> list[TokenStep | None]:
+        """Every chunk in one packed forward; one host sync for all the first tokens."""
+        torch = self._torch
+        wanted = [index for index, item in enumerate(items) if item[4]]
+        with torch.inference_mode():
+            logits = self._run_packed(items, wanted or [0])
+            if not wanted:
+                return [None] * len(items)
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            best = logprobs.max(dim=-1)
+            ids, values = best.indices.tolist(), best.values.tolist()
+        steps: list[TokenStep | None] = [None] * len(items)
+        for row, index in enumerate(wanted):
+            steps[index] = TokenStep(ids[row], values[row])
+        return steps
 
     def _prompt_logits_impl(self, kv: SlotState, prompt: Prompt):
-        return self._run_prompt(kv, prompt, 0, len(prompt.ids))[0].float().cpu().numpy()
+        with self._torch.inference_mode():
+            return self._run_packed([(kv, prompt, 0, len(prompt.ids), True)], [0])[0].float().cpu().numpy()
 
     def _run_prompt(self, kv: SlotState, prompt: Prompt, start: int, end: int):
+        """Logits (1, vocab) of prompt.ids[end-1] after feeding start..end-1 (the weight gate uses it)."""
+        return self._run_packed([(kv, prompt, start, end, True)], [0])
+
+    def _run_packed(self, items: list, logit_segments: list[int]):
+        from pytorch_backend.static_decoder import PrefillSegment
+
         torch = self._torch
-        ids = torch.tensor(prompt.ids[:end], device=self.device)
-        is_image = ids == self.image_token_id
-        with torch.inference_mode():
-            chunk = ids[start:end]
-            embeds = self.decoder.embed(chunk)[None]  # the model's scaled embedding (x sqrt(hidden))
+        segments, chunks = [], []
+        for kv, prompt, start, end, _ in items:
+            ids = torch.tensor(prompt.ids[:end], device=self.device)
+            is_image = ids == self.image_token_id
+            embeds = self.decoder.embed(ids[start:end])  # the model's scaled embedding (x sqrt(hidden))
             rows = is_image[start:end].nonzero().flatten()
             if rows.numel():
                 first_image = int(is_image.nonzero()[0])
                 features = prompt.features.reshape(-1, prompt.features.shape[-1]).to(self.dtype)
-                embeds[0, rows] = features[start + rows - first_image]
-            blocks = _image_blocks(torch, is_image)
-            return self.decoder.prefill(kv.slot, embeds, start, blocks)
+                embeds[rows] = features[start + rows - first_image]
+            chunks.append(embeds)
+            segments.append(PrefillSegment(kv.slot, start, end, _image_blocks(torch, is_image)))
+        embeds = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        return self.decoder.prefill_packed(segments, embeds, logit_segments)
 
     def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
         torch = self._torch
@@ -156,6 +203,10 @@ class FastTorchInference(TorchInference):
             decoder = self.decoder
             decoder.layer_step = torch.compile(decoder.layer_step, dynamic=True)
             decoder.sample = torch.compile(decoder.sample, dynamic=True)
+            # Prefill: the token-wise parts of a layer, one graph each for any packed token count (the per-chunk
+            # attention between them stays eager), reused by all 34 layers.
+            decoder.prefill_qkv = torch.compile(decoder.prefill_qkv, dynamic=True)
+            decoder.prefill_out = torch.compile(decoder.prefill_out, dynamic=True)
             self._vision_one = torch.compile(self.model.get_image_features)
         started = time.perf_counter()
         super()._warm_up_impl()  # one answer: compiles the vision tower and (without graphs) the step
@@ -184,6 +235,8 @@ class FastTorchInference(TorchInference):
                 "compile": self.use_compile,
                 "cuda_graphs": self.use_graphs,
                 "batch_buckets": list(self.batch_buckets),
+                "prefix_cache_blocks": self.prefix_cache.capacity_blocks,
+                "image_cache_bytes": self.image_cache.capacity_bytes,
                 "weights": self.weights,
                 "fused_step": self.fused is not None,
                 "startup": self.startup,

@@ -4,7 +4,9 @@ The math is transformers' Gemma3 (RMSNorm with (1 + w) in fp32, q/k norms, rotat
 tables, GELU-tanh MLP, tied lm_head), written against the loaded model's own weights, so the eager model and this
 path share one copy of them (q/k/v and gate/up are fused into single matrices, and the model's modules are
 re-pointed at views of those). What differs is the state: every conversation owns one slot of one preallocated
-cache, so a decode step is one fixed-shape call for any mix of sequences: what a CUDA graph can capture.
+cache, so a decode step is one fixed-shape call for any mix of sequences: what a CUDA graph can capture. Prefill
+packs the chunks of several prompts along the token axis into one forward (vLLM's varlen batches): the weights are
+read once for all of them.
 """
 
 from __future__ import annotations
@@ -44,6 +46,17 @@ def cached_decode_attention(
 @cached_decode_attention.register_fake
 def _(q, k, v, k_cache, v_cache, slots, positions, window, scale):
     return torch.empty_like(q)
+
+
+@dataclass
+class PrefillSegment:
+    """One prompt chunk of a packed prefill: positions start..end-1 of `slot`; blocks: (end,) image block ids of
+    every key (-1 for text), so image tokens attend to their whole image."""
+
+    slot: int
+    start: int
+    end: int
+    blocks: torch.Tensor
 
 
 @dataclass
@@ -87,9 +100,47 @@ class StaticGemmaDecoder:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
 
+        self.k_pool: list[torch.Tensor] = []
+        self.v_pool: list[torch.Tensor] = []
+        self.block_tokens = 16
+
     @property
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_cache, *self.v_cache))
+
+    # --- the prefix block pool: KV of common prompt prefixes, shared by copy-on-admit -------------------------------
+    def block_bytes(self, block_tokens: int) -> int:
+        """Bytes of one pool block: every layer's keys and values for block_tokens tokens."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * len(self.layers) * self.kv_heads * block_tokens * self.head_dim * element
+
+    def allocate_prefix_pool(self, blocks: int, block_tokens: int) -> None:
+        self.block_tokens = block_tokens
+        shape = (blocks, self.kv_heads, block_tokens, self.head_dim)
+        self.k_pool = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers] if blocks else []
+        self.v_pool = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers] if blocks else []
+
+    def load_prefix(self, slot: int, pool_ids: list[int], length: int) -> None:
+        """Copy pool blocks (in order) into `slot` at positions 0..; positions past `length` are overwritten by the
+        prefill that follows before anything reads them."""
+        ids = torch.tensor(pool_ids, device=self.device)
+        tokens = len(pool_ids) * self.block_tokens
+        for pool, cache in ((self.k_pool, self.k_cache), (self.v_pool, self.v_cache)):
+            for layer_pool, layer_cache in zip(pool, cache, strict=True):
+                blocks = layer_pool.index_select(0, ids)  # (n, kv_heads, B, dim)
+                layer_cache[slot, :, :tokens] = blocks.transpose(0, 1).reshape(self.kv_heads, tokens, self.head_dim)
+
+    def save_prefix(self, slot: int, pairs: list[tuple[int, int]]) -> None:
+        """Copy `slot`'s prompt block `index` into pool block `pool_id`, for each (index, pool_id)."""
+        size = self.block_tokens
+        indices = torch.tensor([index for index, _ in pairs], device=self.device)
+        targets = torch.tensor([pool_id for _, pool_id in pairs], device=self.device)
+        positions = (indices[:, None] * size + torch.arange(size, device=self.device)[None]).flatten()
+        for pool, cache in ((self.k_pool, self.k_cache), (self.v_pool, self.v_cache)):
+            for layer_pool, layer_cache in zip(pool, cache, strict=True):
+                rows = layer_cache[slot].index_select(1, positions)  # (kv_heads, n*B, dim)
+                rows = rows.view(self.kv_heads, len(pairs), size, self.head_dim).transpose(0, 1)
+                layer_pool.index_copy_(0, targets, rows.contiguous())
 
     # --- weights ----------------------------------------------------------------------------------------------
     def _fuse(self, layer, layer_type: str) -> LayerWeights:
@@ -202,28 +253,80 @@ class StaticGemmaDecoder:
         """Run embeds (1, n, hidden) at positions start..start+n-1 into `slot`; return the last position's logits.
 
         blocks: (start+n,) image block id of every key (-1 for text): image tokens attend to their whole image."""
-        n = embeds.shape[1]
-        end = start + n
-        positions = torch.arange(start, end, device=self.device)
-        masks = {sliding: self._prefill_mask(positions, end, blocks, sliding) for sliding in (False, True)}
+        segment = PrefillSegment(slot, start, start + embeds.shape[1], blocks)
+        return self.prefill_packed([segment], embeds[0], [0])
+
+    def prefill_packed(self, segments: list[PrefillSegment], embeds: torch.Tensor, logit_segments: list[int]):
+        """Several prompt chunks in one forward, packed along the token axis (varlen, no padding).
+
+        embeds: (sum of chunk lengths, hidden), the chunks in `segments` order. The linear layers, norms and rotary
+        run once over every token (`prefill_qkv` / `prefill_out`, which warm-up may compile: one graph, reused by all
+        layers, dynamic in the token count); attention runs per chunk against its own slot, so chunks never see
+        each other. Returns the logits (len(logit_segments), vocab) of the last token of each listed segment."""
         x = embeds.to(self.dtype)
+        positions = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in segments])
+        lone_token = x.shape[0] == 1
+        if lone_token:  # a compiler specialises size 1: pad to 2 rows rather than recompile while serving
+            x, positions = x.repeat(2, 1), positions.repeat(2)
+        bounds, offset = [], 0
+        for segment in segments:
+            bounds.append((offset, offset + segment.end - segment.start))
+            offset += segment.end - segment.start
+        masks = [
+            {sliding: self._prefill_mask(positions[a:b], s.end, s.blocks, sliding) for sliding in (False, True)}
+            for s, (a, b) in zip(segments, bounds, strict=True)
+        ]
+        rope = {sliding: (self.cos[sliding][positions], self.sin[sliding][positions]) for sliding in (False, True)}
+        group = self.heads // self.kv_heads
         for index, layer in enumerate(self.layers):
-            residual = x
-            h = _rms_norm(x, layer.input_norm, self.eps)
-            q, k, v = self._qkv(h[0], layer, positions, n, 1)  # (n, heads, 1, dim): one query per row
-            self.k_cache[index][slot, :, start:end] = k[:, :, 0].transpose(0, 1)
-            self.v_cache[index][slot, :, start:end] = v[:, :, 0].transpose(0, 1)
-            group = self.heads // self.kv_heads
-            keys = self.k_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
-            values = self.v_cache[index][slot : slot + 1, :, :end].repeat_interleave(group, dim=1)
-            with sdpa_kernel(PREFILL_ATTENTION):
-                attended = F.scaled_dot_product_attention(
-                    q[:, :, 0].transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
-                )  # (1, heads, n, dim)
-            attended = attended[0].transpose(0, 1).reshape(1, n, -1)
-            x = residual + _rms_norm(attended @ layer.o.T, layer.post_attention_norm, self.eps)
-            x = x + self._mlp(x, layer)
-        return self._logits(x[:, -1])
+            cos, sin = rope[layer.sliding]
+            q, k, v = self.prefill_qkv(x, layer.qkv, layer.input_norm, layer.q_norm, layer.k_norm, cos, sin)
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            outputs = []
+            for segment, (a, b), mask in zip(segments, bounds, masks, strict=True):
+                slot, first, last = segment.slot, segment.start, segment.end
+                k_cache[slot, :, first:last] = k[a:b].transpose(0, 1)
+                v_cache[slot, :, first:last] = v[a:b].transpose(0, 1)
+                keys = k_cache[slot : slot + 1, :, :last].repeat_interleave(group, dim=1)
+                values = v_cache[slot : slot + 1, :, :last].repeat_interleave(group, dim=1)
+                with sdpa_kernel(PREFILL_ATTENTION):
+                    attended = F.scaled_dot_product_attention(
+                        q[a:b].transpose(0, 1)[None], keys, values, attn_mask=mask[layer.sliding], scale=self.scale
+                    )  # (1, heads, n, dim)
+                outputs.append(attended[0].transpose(0, 1).reshape(b - a, -1))
+            attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            if lone_token:
+                attended = attended.repeat(2, 1)
+            x = self.prefill_out(
+                x,
+                attended,
+                layer.o,
+                layer.post_attention_norm,
+                layer.gate_up,
+                layer.down,
+                layer.pre_feedforward_norm,
+                layer.post_feedforward_norm,
+            )
+        last_rows = torch.tensor([bounds[i][1] - 1 for i in logit_segments], device=self.device)
+        return self._logits(x[last_rows])
+
+    def prefill_qkv(self, x, qkv, input_norm, q_norm, k_norm, cos, sin):
+        """Normed, rotated q (n, heads, dim), k and v (n, kv_heads, dim) for n packed tokens."""
+        heads, kv_heads, dim, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        n = x.shape[0]
+        q, k, v = (_rms_norm(x, input_norm, eps) @ qkv.T).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q = _rms_norm(q.view(n, heads, dim), q_norm, eps)
+        k = _rms_norm(k.view(n, kv_heads, dim), k_norm, eps)
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v.view(n, kv_heads, dim)
+
+    def prefill_out(self, x, attended, o, post_attention_norm, gate_up, down, pre_feedforward_norm, post_ff_norm):
+        """The rest of a layer for n packed tokens: output projection and the MLP, each with its residual."""
+        eps = self.eps
+        x = x + _rms_norm(attended @ o.T, post_attention_norm, eps)
+        h = _rms_norm(x, pre_feedforward_norm, eps)
+        gate, up = (h @ gate_up.T).split(self.intermediate, dim=-1)
+        return x + _rms_norm((F.gelu(gate, approximate="tanh") * up) @ down.T, post_ff_norm, eps)
 
     def _prefill_mask(self, positions, end: int, blocks, sliding: bool) -> torch.Tensor:
         keys = torch.arange(end, device=self.device)
@@ -233,22 +336,6 @@ class StaticGemmaDecoder:
         if sliding:
             allowed &= keys[None, :] > positions[:, None] - self.window
         return allowed[None, None]
-
-    def _qkv(self, h, layer: LayerWeights, positions, batch: int, length: int):
-        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        qkv = h @ layer.qkv.T
-        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-        q = _rms_norm(q.view(batch, heads, length, dim), layer.q_norm, self.eps)
-        k = _rms_norm(k.view(batch, kv_heads, length, dim), layer.k_norm, self.eps)
-        v = v.view(batch, kv_heads, length, dim)
-        cos = self.cos[layer.sliding][positions][:, None, None, :]
-        sin = self.sin[layer.sliding][positions][:, None, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
-
-    def _mlp(self, x, layer: LayerWeights):
-        h = _rms_norm(x, layer.pre_feedforward_norm, self.eps)
-        gate, up = (h @ layer.gate_up.T).split(self.intermediate, dim=-1)
-        return _rms_norm((F.gelu(gate, approximate="tanh") * up) @ layer.down.T, layer.post_feedforward_norm, self.eps)
 
     def _logits(self, x):
         logits = _rms_norm(x, self.final_norm, self.eps) @ self.lm_head.T

@@ -65,10 +65,17 @@ def check_reconstruction(step) -> tuple[str, float]:
 def teacher_forced_agreement(backend, reference, candidate, requests, tokens: int) -> AgreementRecord:
     """reference, candidate: FusedDecodeStep-like objects with .logits(tokens, positions, slots). Both decode from
     the same bf16 prefill of each request, fed the reference's greedy tokens."""
+    return teacher_forced_agreements(backend, reference, [candidate], requests, tokens)[0]
+
+
+def teacher_forced_agreements(backend, reference, candidates, requests, tokens: int) -> list[AgreementRecord]:
+    """teacher_forced_agreement for several candidates against one reference run per request (the benchmark
+    compares int8 and fp8 with bf16: one bf16 pass instead of two)."""
     torch = backend._torch
-    record = AgreementRecord(weights=candidate.weights)
-    agree = total = 0
-    kls: list[float] = []
+    records = [AgreementRecord(weights=candidate.weights) for candidate in candidates]
+    agree = [0] * len(candidates)
+    total = [0] * len(candidates)
+    kls: list[list[float]] = [[] for _ in candidates]
     for request in requests:
         prompt = backend._encode_impl(request)
         backend._prepare_images_impl([prompt])
@@ -76,13 +83,13 @@ def teacher_forced_agreement(backend, reference, candidate, requests, tokens: in
         try:
             runs = []
             fed: list[int] = []
-            for index, step in enumerate((reference, candidate)):
+            for index, step in enumerate((reference, *candidates)):
                 with torch.inference_mode():
                     first = backend._run_prompt(kv, prompt, 0, len(prompt.ids))
                     token = int(first.float().argmax(-1)[0])
                     rows = []
                     for offset in range(tokens):
-                        if index == 1:
+                        if index > 0:
                             token = fed[offset]
                         else:
                             fed.append(token)
@@ -93,25 +100,28 @@ def teacher_forced_agreement(backend, reference, candidate, requests, tokens: in
                             torch.tensor([kv.slot], device=backend.device),
                         )
                         rows.append(logits[0])
-                        token = int(logits[0].argmax())
+                        if index == 0:
+                            token = int(logits[0].argmax())
                 runs.append(torch.stack(rows))
         finally:
             backend._free_impl(kv)
         ref_logp = torch.log_softmax(runs[0], dim=-1)
-        cand_logp = torch.log_softmax(runs[1], dim=-1)
-        kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(-1)
-        same = (runs[0].argmax(-1) == runs[1].argmax(-1)).float()
-        agree += int(same.sum())
-        total += len(same)
-        kls.extend(kl.tolist())
-        record.per_prompt.append(
-            {"prompt_tokens": len(prompt.ids), "top1_agreement": float(same.mean()), "mean_kl": float(kl.mean())}
-        )
-    record.prompts, record.tokens = len(requests), total
-    record.top1_agreement = agree / total if total else 1.0
-    record.mean_kl = sum(kls) / len(kls) if kls else 0.0
-    record.max_kl = max(kls, default=0.0)
-    return record
+        for which, run in enumerate(runs[1:]):
+            cand_logp = torch.log_softmax(run, dim=-1)
+            kl = (ref_logp.exp() * (ref_logp - cand_logp)).sum(-1)
+            same = (runs[0].argmax(-1) == run.argmax(-1)).float()
+            agree[which] += int(same.sum())
+            total[which] += len(same)
+            kls[which].extend(kl.tolist())
+            records[which].per_prompt.append(
+                {"prompt_tokens": len(prompt.ids), "top1_agreement": float(same.mean()), "mean_kl": float(kl.mean())}
+            )
+    for which, record in enumerate(records):
+        record.prompts, record.tokens = len(requests), total[which]
+        record.top1_agreement = agree[which] / total[which] if total[which] else 1.0
+        record.mean_kl = sum(kls[which]) / len(kls[which]) if kls[which] else 0.0
+        record.max_kl = max(kls[which], default=0.0)
+    return records
 
 
 def gate_weight_mode(backend, reference, candidate, requests, tokens: int = GATE_TOKENS) -> AgreementRecord:

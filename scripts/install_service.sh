@@ -42,6 +42,8 @@ drain_s=$(setting_seconds drain_timeout_s --env-file "${env_file}") || die "bad 
 host=$(service_setting host)
 model_path=$(service_setting model_path)
 engine_path=$(service_setting engine_path)
+memory_max_mb=$(service_setting memory_max_mb)
+max_connections=$(service_setting max_connections)
 
 # ProtectHome=yes hides /home, /root and /run/user, and PrivateTmp=yes gives the service its own /tmp and
 # /var/tmp: nothing it runs, reads or writes may live there.
@@ -85,6 +87,17 @@ fi
 # stop_gradio.sh waits drain + 15 s before SIGKILL; systemd waits 15 s more before it kills the whole unit.
 stop_timeout_s=$((drain_s + 30))
 no_restart=$(py -m serving.exit_codes no-restart)
+
+# Every connection is an open file, and systemd starts services at a soft limit of 1,024 (the server cannot raise
+# it: @resources is filtered). Room for MAX_CONNECTIONS plus the model's files and sockets.
+nofile=$((max_connections + 4096))
+((nofile >= 65536)) || nofile=65536
+# MEMORY_MAX_MB: the kernel reclaims and throttles above MemoryHigh (90 %) and kills at MemoryMax; 0: no limit.
+if ((memory_max_mb > 0)); then
+  memory=$'MemoryHigh='"$((memory_max_mb * 9 / 10))M"$'\nMemoryMax='"${memory_max_mb}M"
+else
+  memory="# MEMORY_MAX_MB=0: no memory limit (set it in ${env_file} and run install_service.sh again)"
+fi
 
 devices="PrivateDevices=yes"
 if [[ "${gpu}" == yes ]]; then
@@ -135,6 +148,9 @@ TimeoutStartSec=900
 TimeoutStopSec=${stop_timeout_s}
 StandardOutput=append:${CONSOLE_LOG}
 StandardError=append:${CONSOLE_LOG}
+# MAX_CONNECTIONS=${max_connections} (serving/settings.py) + 4096, at least 65536
+LimitNOFILE=${nofile}
+${memory}
 
 # Sandbox: read-only system, LOG_DIR and the cache writable, no privileges to gain, nothing else to see.
 # Left out on purpose: MemoryDenyWriteExecute (torch.compile, Triton and libffi need W+X pages), ProcSubset=pid

@@ -6,6 +6,9 @@ VENV_PYTHON="${REPO_ROOT}/.venv/bin/python"
 # The server is started by this absolute path, and a PID only counts as ours if its command line names it.
 APP_PY="${REPO_ROOT}/app.py"
 LOG_DIR="${LOG_DIR:-${REPO_ROOT}/logs}"
+# One spelling of the folder (absolute, symbolic links resolved): the server's command line carries it, and stop
+# and status recognise a server of this LOG_DIR by it.
+LOG_DIR=$(realpath -m -- "${LOG_DIR}")
 PID_FILE="${LOG_DIR}/gradio_app.pid"
 # start_gradio.sh takes this lock and the server inherits it for its whole life: while it is held, a server (or a
 # start) for this LOG_DIR is alive; once the lock is ours, whatever the PID file says is stale.
@@ -26,6 +29,46 @@ STATUS_UNKNOWN=4
 die() {
   echo "error: $*" >&2
   exit 1
+}
+
+# A configuration error (serving/exit_codes.py: 2, which systemd does not restart).
+die_config() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+# LOG_DIR holds what a start writes as the service's user or root: logs, PID file, lock, control token. Anyone else
+# who may write there can plant symbolic links that the start then follows (appending a log to, or truncating, any
+# file the starter may write). So LOG_DIR must belong to this user and be closed to others; it is made 0700, and a
+# symbolic link in place of one of our files is refused. With "create" (a start), a missing LOG_DIR is created 0700
+# and an existing one must belong to this user; without it (stop), only the mode and the links are checked.
+secure_log_dir() {
+  local create=${1:-} owner mode name
+  if [[ ! -e "${LOG_DIR}" ]]; then
+    [[ "${create}" == create ]] || return 0
+    mkdir -p -- "$(dirname -- "${LOG_DIR}")"
+    mkdir -m 0700 -- "${LOG_DIR}" 2>/dev/null || [[ -d "${LOG_DIR}" ]] || die_config "cannot create LOG_DIR ${LOG_DIR}"
+  fi
+  [[ -d "${LOG_DIR}" ]] || die_config "LOG_DIR ${LOG_DIR} is not a folder"
+  owner=$(stat -c %u -- "${LOG_DIR}")
+  mode=$(stat -c %a -- "${LOG_DIR}")
+  # stop and status may run as root or an operator for the service's LOG_DIR: they check the mode only.
+  if [[ "${create}" == create && "${owner}" != "${EUID}" ]]; then
+    die_config "LOG_DIR ${LOG_DIR} belongs to $(stat -c %U -- "${LOG_DIR}"), not to $(id -un): another user could" \
+      "plant links there that this start would follow. Use a LOG_DIR of this user's own (install_service.sh gives" \
+      "the service one)."
+  fi
+  if (((8#${mode} & 8#022) != 0)); then
+    die_config "LOG_DIR ${LOG_DIR} is writable by others (mode ${mode}): anyone who may write there can plant links" \
+      "that this start would follow. Make it private (chmod 700 ${LOG_DIR}) or choose another LOG_DIR."
+  fi
+  [[ "${create}" == create ]] && chmod 0700 -- "${LOG_DIR}"
+  for name in "${PID_FILE}" "${PID_FILE}.new" "${LOCK_FILE}" "${LOG_FILE}" "${CONSOLE_LOG}" "${CONTROL_TOKEN}"; do
+    if [[ -L "${name}" ]]; then
+      die_config "${name} is a symbolic link; this start never writes through one. Remove it and look into who" \
+        "put it there."
+    fi
+  done
 }
 
 require_venv() {
@@ -64,11 +107,21 @@ process_identity() {
   fi
   if ((${#argv[@]} == 0)); then
     echo gone
-  elif ((${#argv[@]} >= 2)) && [[ "${argv[1]}" == "${APP_PY}" ]]; then
+  elif ((${#argv[@]} >= 2)) && [[ "${argv[1]}" == "${APP_PY}" ]] && names_our_log_file "${argv[@]:2}"; then
     echo ours
   else
-    echo foreign
+    echo foreign  # not this checkout's app.py, or the server of another LOG_DIR (whose PID file was copied here)
   fi
+}
+
+# Does an app.py command line carry --log_file ${LOG_FILE}? start_gradio.sh always passes it, so it ties a
+# server to its LOG_DIR.
+names_our_log_file() {
+  while (($# >= 2)); do
+    [[ "$1" == --log_file && "$2" == "${LOG_FILE}" ]] && return 0
+    shift
+  done
+  return 1
 }
 
 # Prints the PID from the PID file when that process is this checkout's server. Returns 1: no PID file;
@@ -92,7 +145,8 @@ remove_stale_files() {
 
 # Opens LOCK_FILE on descriptor 9 (read-only is enough for flock, so any user who may read LOG_DIR can test it).
 open_lock() {
-  [[ -e "${LOCK_FILE}" ]] || : >>"${LOCK_FILE}"
+  [[ -L "${LOCK_FILE}" ]] && die_config "${LOCK_FILE} is a symbolic link; remove it"
+  [[ -e "${LOCK_FILE}" ]] || (umask 077 && set -o noclobber && : >"${LOCK_FILE}") 2>/dev/null || true
   exec 9<"${LOCK_FILE}"
 }
 

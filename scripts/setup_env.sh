@@ -25,6 +25,10 @@ if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v chromium >/
     echo "warning: not root; install chromium yourself (sudo apt-get install chromium) for the browser test" >&2
   fi
 fi
+if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v pdftoppm >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+  echo "installing poppler-utils (pdftoppm, pdftotext) to check the teaching handout PDF"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq poppler-utils >/dev/null; } || echo "warning: poppler-utils not installed" >&2
+fi
 if [[ "${requirements}" == "requirements-dev.txt" ]] && ! command -v systemd-analyze >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
   echo "installing systemd's tools to verify the generated unit"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || echo "warning: systemd not installed" >&2

@@ -11,8 +11,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 foreground=false
 timeout_s=${START_TIMEOUT:-600}
-host=${HOST:-127.0.0.1}
-port=${PORT:-7860}
+host=""
+port=""
 app_args=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -27,11 +27,14 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
+require_venv
+# HOST and PORT from the environment, with the defaults of serving/settings.py (read, not copied).
+[[ -n "${host}" ]] || host=$(setting host) || die "bad HOST (see above)"
+[[ -n "${port}" ]] || port=$(setting port) || die "bad PORT (see above)"
 instance=$(</proc/sys/kernel/random/uuid)
 app_args+=(--host "${host}" --port "${port}" --log_file "${LOG_FILE}" --instance_id "${instance}")
-
-require_venv
-mkdir -p "${LOG_DIR}"
+umask 077  # the console log, PID file and lock are this user's alone (0600), as the server's own files are
+secure_log_dir create
 if pid=$(running_pid); then
   die "already running (PID ${pid}); stop it first with scripts/stop_gradio.sh"
 fi
@@ -51,8 +54,10 @@ fi
 cd "${REPO_ROOT}"
 
 write_pid_file() {
-  printf '%s\n' "$1" >"${PID_FILE}.new"
-  mv -f "${PID_FILE}.new" "${PID_FILE}"  # atomic: a concurrent status never reads a half-written file
+  local fresh
+  fresh=$(mktemp "${PID_FILE}.XXXXXX")  # a new file (O_EXCL, 0600): never a link someone left in its place
+  printf '%s\n' "$1" >"${fresh}"
+  mv -f "${fresh}" "${PID_FILE}"  # atomic: a concurrent status never reads a half-written file
 }
 
 if [[ "${foreground}" == true ]]; then

@@ -15,6 +15,7 @@ if [[ "${1:-}" == "--timeout" ]]; then
   timeout_s=$2
 fi
 
+secure_log_dir  # a LOG_DIR others may write to: its PID file may name any process
 state=0
 pid=$(running_pid) || state=$?
 case ${state} in

@@ -68,6 +68,8 @@ def _pytorch_backend(settings: Settings, preloaded: Any) -> InferenceBackend:
             max_resident_conversations=settings.max_resident_conversations,
             slots=settings.kv_slots,
             max_sequence=settings.max_sequence,
+            prefix_cache_gib=settings.prefix_cache_gib,
+            image_cache_gib=settings.image_cache_gib,
             weights=settings.fast_path_weights,
             fused_step=settings.fast_path_fused_step,
             preloaded=preloaded,

@@ -58,3 +58,72 @@ def listening_processes(port: int) -> list[tuple[int, str]]:
         except OSError:
             continue
     return sorted(found)
+
+
+def raise_open_file_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit; returns (old soft, new soft).
+
+    systemd and most shells start services at a soft limit of 1,024 (for select()'s sake) and expect a program
+    that needs more to raise it itself. Every connection is a file: at 1,024 a crowd of idle connections makes
+    accept() fail for everyone, /healthz included. uvicorn uses epoll, which has no such ceiling.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+def header_timeout_protocol(header_timeout_s: float):
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head within
+    header_timeout_s of connecting or of its last response.
+
+    uvicorn times out only idle keep-alive connections (timeout_keep_alive), and only until the first byte of
+    the next request: a client that connects and sends nothing, or dribbles a header a byte at a time (slowloris),
+    holds its connection and its file for ever. Gunicorn and nginx bound this (client_header_timeout); this is
+    that bound.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # the request head is in: from here the application owns the pace
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+    return HeaderTimeoutProtocol

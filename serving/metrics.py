@@ -1,4 +1,10 @@
-"""Prometheus series for the server, on a registry of its own (one per service, so tests stay independent)."""
+"""Prometheus series for the server, on a registry of its own (one per service, so tests stay independent).
+
+Two sets of names: the project's own (medgemma_*), which existing dashboards use, and vLLM's (vllm:*, with a
+model_name label), so dashboards built for vLLM chart this server unchanged: time to first token, inter-token
+latency, end-to-end latency, requests running and waiting, KV-cache usage, prefix-cache and multi-modal (image)
+cache queries and hits. Cache counters are read from the serving backend at scrape time.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,10 @@ logger = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8)
+# vLLM's own bucket edges for these histograms (vllm/v1/metrics/loggers.py).
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+VLLM_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
 class ServiceMetrics:
@@ -53,6 +63,36 @@ class ServiceMetrics:
             ["mode", "executor", "precision", "accuracy_verified"],
             registry=self.registry,
         )
+        # vLLM's names (the model_name label carries the serving mode here).
+        self.vllm_ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            ["model_name"],
+            buckets=VLLM_TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.vllm_itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ["model_name"],
+            buckets=VLLM_ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.vllm_e2e = Histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            ["model_name"],
+            buckets=VLLM_E2E_BUCKETS,
+            registry=self.registry,
+        )
+        self.vllm_waiting = Gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", registry=self.registry
+        )
+        self.vllm_running = Gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", registry=self.registry
+        )
+        self._cache_stats = None
+        self.registry.register(_CacheCollector(self))
         self._latencies: deque[float] = deque(maxlen=2000)
         self._lock = threading.Lock()
         _register_gpu_collector(self.registry)
@@ -61,6 +101,8 @@ class ServiceMetrics:
         """Read both queue gauges from the service at scrape time (callables returning counts)."""
         self.requests_waiting.set_function(waiting)
         self.requests_running.set_function(running)
+        self.vllm_waiting.set_function(waiting)
+        self.vllm_running.set_function(running)
 
     def set_backend(self, info) -> None:
         """One series, for the backend that serves now (a BackendInfo); the previous one is removed."""
@@ -68,11 +110,23 @@ class ServiceMetrics:
         verified = "false" if info.unverified_reason else "true"
         self.backend.labels(str(info.mode), info.executor, info.precision, verified).set(1)
 
-    def observe_request(self, mode: str, seconds: float, first_token_s: float | None, tokens: int) -> None:
+    def bind_cache_stats(self, cache_stats) -> None:
+        """A callable returning the serving backend's InferenceBackend.cache_stats() (or None), read at scrape."""
+        self._cache_stats = cache_stats
+
+    def observe_request(
+        self, mode: str, seconds: float, first_token_s: float | None, tokens: int, token_times=()
+    ) -> None:
+        """token_times: perf_counter() of each generated token; their gaps are the inter-token latencies."""
         mode = str(mode)
         self.request_latency.labels(mode).observe(seconds)
+        self.vllm_e2e.labels(mode).observe(seconds)
         if first_token_s is not None:
             self.time_to_first_token.labels(mode).observe(first_token_s)
+            self.vllm_ttft.labels(mode).observe(first_token_s)
+        itl = self.vllm_itl.labels(mode)
+        for earlier, later in zip(token_times, list(token_times)[1:], strict=False):
+            itl.observe(later - earlier)
         self.tokens.labels(mode).inc(tokens)
         self.requests.labels(mode).inc()
         with self._lock:
@@ -104,6 +158,42 @@ class ServiceMetrics:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _CacheCollector:
+    """vLLM's cache series, read from the backend at scrape time (counters live in the backend's caches)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        reader = self.metrics._cache_stats
+        try:
+            stats = reader() if reader is not None else None
+        except Exception as exc:  # a backend mid-switch: no cache series this scrape, never a failed scrape
+            logger.debug("cache stats unavailable: %s", exc)
+            stats = None
+        if not stats:
+            return
+        usage = stats.get("kv_cache_usage")
+        if usage is not None:
+            yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)
+            yield GaugeMetricFamily("medgemma_kv_cache_usage_ratio", "KV slots in use (0..1)", usage)
+        for prefix, key, what in (("prefix_cache", "prefix_cache", "tokens"), ("mm_cache", "mm_cache", "images")):
+            figures = stats.get(key) or {}
+            for field in ("queries", "hits"):
+                yield CounterMetricFamily(
+                    f"vllm:{prefix}_{field}", f"{prefix.replace('_', ' ')} {field}, in {what}.", figures.get(field, 0)
+                )
+        mm = stats.get("mm_cache") or {}
+        yield CounterMetricFamily(
+            "medgemma_vision_encoder_calls", "Films run through the vision tower", mm.get("encoder_calls", 0)
+        )
 
 
 def gpu_memory_snapshot() -> list[dict]:

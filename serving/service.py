@@ -67,6 +67,11 @@ class Served:
                 "the %s scheduler did not stop within %.0f s; closing its backend anyway", self.mode, timeout_s
             )
         self.backend.close()
+        # A closed backend's weights and arenas are freed, but glibc keeps them in its heaps (the one-hour soak's
+        # RSS rose in steps at each switch): hand them back so MemoryMax sees what is really in use.
+        from serving.memory import return_freed_memory
+
+        return_freed_memory()
 
 
 class InferenceService:
@@ -93,6 +98,7 @@ class InferenceService:
         self.last_switch: SwitchRecord | None = None
         self.ready = threading.Event()
         self.metrics.bind_queue(self._count_waiting, self._count_running)
+        self.metrics.bind_cache_stats(self.cache_stats)
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -256,7 +262,9 @@ class InferenceService:
             ticket.cancel()  # a closed tab (GeneratorExit) frees the slot at the scheduler's next turn
         if judge:
             self.breaker.record_success()
-        self.metrics.observe_request(served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens)
+        self.metrics.observe_request(
+            served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens, stats.token_times
+        )
 
     def image_features(self, images):
         with self._lease() as served:
@@ -419,7 +427,13 @@ class InferenceService:
             self._set_trt_state(f"Loaded ({info.engine_summary})")
         logger.info("%s backend ready in %.2f s", info.mode_label, time.perf_counter() - started)
         settings = self.settings
-        scheduler = Scheduler(backend, settings.generation_concurrency, settings.queue_size, name=f"scheduler-{mode}")
+        scheduler = Scheduler(
+            backend,
+            settings.generation_concurrency,
+            settings.queue_size,
+            name=f"scheduler-{mode}",
+            max_batched_tokens=settings.max_batched_tokens,
+        )
         return Served(mode, backend, scheduler)
 
     def _trip(self, reason: str) -> None:
@@ -443,6 +457,11 @@ class InferenceService:
 
     def _schedulers(self) -> list[Scheduler]:
         return [s.scheduler for s in (self._current, *self._standby.values()) if s is not None]
+
+    def cache_stats(self) -> dict | None:
+        """The serving backend's shared-cache and KV counters (metrics, benchmark); None while nothing serves."""
+        served = self._current
+        return served.backend.cache_stats() if served is not None else None
 
     def _count_waiting(self) -> int:
         return sum(scheduler.waiting for scheduler in self._schedulers())

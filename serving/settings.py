@@ -25,6 +25,7 @@ from inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEMO_MODEL_DIR = REPO_ROOT / "models" / "medgemma-demo"
+FILM_CHECK_MODES = ("refuse", "warn", "off")
 TORCH_PATHS = ("auto", "eager", "fast")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -59,6 +60,10 @@ class Settings:
     max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
     fast_path_weights: str = "bf16"  # bf16, int8 or fp8: the fast path's decode weights (8-bit: gated at start)
     fast_path_fused_step: bool = False  # the decode step with the KV write inside the attention kernel
+    # --- caches shared across users and the per-step token budget (issue 20) ---
+    prefix_cache_gib: float = 1.0  # the fast path's pool of prefix KV blocks (the film's tokens, shared); 0: off
+    image_cache_gib: float = 0.5  # the vision tower's output per film (content hash), least recently used evicted
+    max_batched_tokens: int = 2048  # tokens per scheduler step: decode tokens plus prompt chunks
     request_timeout_s: float = 300.0  # longest one answer may take, waiting included
     # --- hot switch, breaker, shutdown ---
     keep_both_backends: bool = False  # keep TensorRT loaded after switching back to PyTorch
@@ -75,6 +80,25 @@ class Settings:
     auth_file: Path | None = None  # login: "user:scrypt-hash" lines in a 0600 file (python -m serving.http_auth)
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    # --- teaching rounds (issue 23, teaching_ui.py) ---
+    case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
+    sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
+    # --- hostile clients, round two (issue 19): sessions, connections, uploads, memory ---
+    session_ttl_s: float = 1800.0  # a session's case is dropped this long after its last change (API clients
+    #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
+    session_capacity: int = 1000  # sessions whose state is held at once; the least recently used go first
+    header_timeout_s: float = 10.0  # a connection must finish its request headers within this, or it is closed
+    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
+    max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
+    max_files_per_request: int = 4  # files in one call to the upload route (the UI sends one)
+    upload_cache_max_mb: int = 512  # bytes kept in the upload cache at once; an upload past it is refused (507)
+    upload_max_age_s: int = 120  # an upload nobody read within this is deleted (the UI reads it at once)
+    memory_max_mb: int = 0  # the systemd unit's MemoryMax (MemoryHigh at 90%); 0: no limit
+    log_repeats_per_minute: int = 120  # records from one log call kept per minute beyond a burst; the rest are
+    #   counted and summarised, so a flood cannot rotate earlier lines away
+    # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
+    film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
+    film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -113,6 +137,9 @@ class Settings:
         _in_range("QUEUE_SIZE", self.queue_size, 1, 10_000)
         _in_range("MAX_RESIDENT_CONVERSATIONS", self.max_resident_conversations, 0, 4096)
         _in_range("MAX_SEQUENCE", self.max_sequence, 512, 131_072)
+        _in_range("PREFIX_CACHE_GIB", self.prefix_cache_gib, 0, 1024)
+        _in_range("IMAGE_CACHE_GIB", self.image_cache_gib, 0, 1024)
+        _in_range("MAX_BATCHED_TOKENS", self.max_batched_tokens, 256, 1_000_000)
         _in_range("BREAKER_FAILURES", self.breaker_failures, 1, 1000)
         for name in ("request_timeout_s", "breaker_timeout_s", "drain_timeout_s"):
             _in_range(name.upper(), getattr(self, name), 0.1, 86_400)
@@ -123,6 +150,19 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _in_range("SESSION_TTL_S", self.session_ttl_s, 10, 7 * 86_400)
+        _in_range("SESSION_CAPACITY", self.session_capacity, 10, 100_000)
+        _in_range("HEADER_TIMEOUT_S", self.header_timeout_s, 1, 600)
+        _in_range("KEEP_ALIVE_TIMEOUT_S", self.keep_alive_timeout_s, 1, 600)
+        _in_range("MAX_CONNECTIONS", self.max_connections, 16, 1_000_000)
+        _in_range("MAX_FILES_PER_REQUEST", self.max_files_per_request, 1, 1000)
+        _in_range("UPLOAD_CACHE_MAX_MB", self.upload_cache_max_mb, 16, 1 << 20)
+        _in_range("UPLOAD_MAX_AGE_S", self.upload_max_age_s, 10, 86_400)
+        _in_range("MEMORY_MAX_MB", self.memory_max_mb, 0, 1 << 24)
+        if 0 < self.memory_max_mb < 2048:
+            raise SettingsError(f"MEMORY_MAX_MB must be 0 (no limit) or at least 2048, got {self.memory_max_mb}")
+        _in_range("LOG_REPEATS_PER_MINUTE", self.log_repeats_per_minute, 1, 1_000_000)
+        _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
         return self
 
     @property

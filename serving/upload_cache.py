@@ -8,6 +8,7 @@ hours. Here the cache is one folder per server (mode 0700, files 0600 through th
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -152,3 +153,62 @@ def _read_and_delete(path: Path) -> bytes:
     # cleanup: removing it here raced Gradio's own mkdir(exist_ok=True) for a concurrent upload of the same film,
     # which then failed with HTTP 500 (seen under the 16-client load test).
     return data
+
+
+class UploadLedger:
+    """The files that came in through the upload route, with their sizes and times: a byte quota and an age limit
+    for them, and a way to tell an upload from the server's own files (previews, report exports) in the same cache.
+
+    Gradio keeps an upload until its cache cleanup (CACHE_MAX_AGE_S, 10 minutes by default), and one request may
+    carry any number of files: 40 x 4 MiB added 160 MiB in 2 s. The route guard (serving.http_guards) asks here
+    before an upload is accepted, and records what Gradio stored after.
+    """
+
+    def __init__(self, quota_bytes: int, max_age_s: float, clock=time.monotonic) -> None:
+        self.quota_bytes = quota_bytes
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self._files: dict[str, tuple[float, int]] = {}  # resolved path -> (time recorded, bytes)
+        self._lock = threading.Lock()
+
+    def record(self, paths: list[str]) -> None:
+        now = self.clock()
+        with self._lock:
+            for named in paths:
+                try:
+                    path = Path(named).resolve()
+                    self._files[str(path)] = (now, path.stat().st_size)
+                except (OSError, ValueError, TypeError):
+                    continue
+
+    def is_upload(self, path: str | os.PathLike) -> bool:
+        try:
+            resolved = str(Path(path).resolve())
+        except (OSError, ValueError, RuntimeError):
+            return False
+        with self._lock:
+            return resolved in self._files
+
+    def held_bytes(self) -> int:
+        """Bytes of uploads still on disk (the inbox deletes each upload once read)."""
+        with self._lock:
+            gone = [path for path in self._files if not os.path.exists(path)]
+            for path in gone:
+                del self._files[path]
+            return sum(size for _, size in self._files.values())
+
+    def remove_expired(self) -> int:
+        """Delete uploads older than max_age_s that nobody read; returns how many."""
+        cutoff = self.clock() - self.max_age_s
+        with self._lock:
+            old = [path for path, (when, _) in self._files.items() if when < cutoff]
+            for path in old:
+                del self._files[path]
+        for path in old:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return len(old)
+
+    def has_room_for(self, incoming_bytes: int) -> bool:
+        self.remove_expired()
+        return self.held_bytes() + incoming_bytes <= self.quota_bytes

@@ -73,6 +73,7 @@ def test_upload_ask_and_see_the_streamed_answer(demo_server, tmp_path):
             timeout=120_000,
         )
         page.wait_for_selector("#chat .bot :text('confidence')", timeout=60_000)  # the details line, once done
+        bot.locator("details.answer-details summary").click()  # the details fold into one line; open them
         answer = bot.inner_text().strip()
         mutations = page.evaluate("() => window.__chatMutations")
         page.screenshot(path=str(ARTIFACTS / "browser_chat.png"), full_page=True)

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 # Lower number = lower layer. A module may import from its own package and from any lower layer.
-LAYERS: dict[str, int] = {
+LAYERS: dict[str, float] = {
     "engine_bundle": 0,
     "inference_api": 1,
     "xray_io": 1,
@@ -22,13 +22,18 @@ LAYERS: dict[str, int] = {
     "pytorch_backend": 2,
     "trt_inference": 2,
     "assistant": 2,
+    "film_check": 2.5,  # calibrates on phantoms (2); the UI and the OpenAI API (serving, 3) both run it
     "serving": 3,
     "engine_build": 3,
     "demo_model": 3,
+    "teaching": 3,
+    "teaching_ui": 3.5,  # the teaching-rounds page: uses serving and teaching (3); app (4) adds it with one call
     "app": 4,
     "batch_films": 4,
     "optimize_trt_engine": 4,
     "devtools": 5,
+    "deploy": 5,  # the container entry point: imports app and serving
+    "scaleout": 5,  # Ray Serve application: imports app (the UI) and serving
     "benchmarks": 6,
     "benchmark": 7,  # the benchmarks package's command line: the one module that may import it
     "tests": 8,

@@ -76,6 +76,8 @@ class TRTInference(InferenceBackend):
         if require_verified:
             self.unverified_reason = self._check_executor_verified(choice, allow_unverified_plans)
         self.executor = self._open_executor(choice, sequence_slots)
+        if hasattr(self.executor, "decode_batch"):
+            self.max_batch = max(1, sequence_slots)  # the contract's step() hands every running sequence at once
         shapes = manifest["shapes"]
         self.image_tokens, self.sliding_window = shapes["image_tokens"], shapes["sliding_window"]
         self.max_sequence = shapes["max_sequence"]
@@ -209,6 +211,14 @@ class TRTInference(InferenceBackend):
         return sequence.run(embeds, positions, full, sliding)
 
     def _decode_impl(self, sequences: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
+        decode_batch = getattr(self.executor, "decode_batch", None)
+        if decode_batch is not None and len(sequences) > 1:
+            # Every running sequence in one executor call: one read of the weights for all of them.
+            embeds = self.executor.embed(np.asarray(tokens, dtype=np.int64)[:, None])
+            logits = decode_batch(sequences, embeds, self.sliding_window)
+            return [_greedy(row) for row in logits]
+        # One at a time: a lone sequence, or an executor without a batch path (TensorRT: its per-slot device
+        # buffers have no batch axis yet).
         steps = []
         for sequence, token, position in zip(sequences, tokens, positions, strict=True):
             query = np.asarray([[position]], dtype=np.int64)

@@ -249,25 +249,27 @@ def _check_header(dataset, max_pixels: int) -> _Header:
     return _Header(modality, photometric, bits_stored, shape, syntax.name)
 
 
+RLE_SYNTAX = "1.2.840.10008.1.2.5"  # sized by the header: the decoder writes Rows x Columns, whatever the data
+
+
 def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels: int) -> None:
     """JPEG-family decoders size their output from the codestream, not from the DICOM header: a 100x100 header
-    over a codestream claiming 60000x60000 would allocate gigabytes. Read the codestream's own size first."""
-    from pydicom.pixels.utils import _get_jpg_parameters  # pydicom 3.0.2, pinned
+    over a codestream claiming 60000x60000 would allocate gigabytes. Read the codestream's own size first,
+    wherever it is (xray_io.codestream walks every fragment, marker and box); a codestream with no size found is
+    refused, never decoded on trust."""
+    from xray_io.codestream import Fragments, declared_image
 
-    frame = _first_fragment_head(_value(dataset, "PixelData", "Pixel Data") or b"")
-    if frame is None:  # damaged encapsulation: the decoder reports it as corrupt pixel data
+    if str(syntax) == RLE_SYNTAX:
         return
-    if syntax.name.startswith("JPEG 2000") or frame[:4] == b"\xff\x4f\xff\x51":
-        start = frame.find(b"\xff\x4f\xff\x51", 0, 4096)  # SOC then SIZ: after any JP2 boxes
-        if start < 0 or len(frame) < start + 24:
-            return
-        size = [int.from_bytes(frame[start + at : start + at + 4], "big") for at in (8, 12, 16, 20)]
-        width, height = size[0] - size[2], size[1] - size[3]
-    else:
-        found = _get_jpg_parameters(frame)
-        if "width" not in found:
-            return
-        width, height = found["width"], found["height"]
+    fragments = Fragments.of_pixel_data(_value(dataset, "PixelData", "Pixel Data") or b"")
+    declared = declared_image(fragments) if fragments is not None else None
+    if declared is None:
+        raise CorruptImageError(
+            f"The compressed image ({syntax.name}) declares no size that could be found before its pixel data, so "
+            "it was refused rather than decoded blind. The file is damaged or not a standard encoding; export the "
+            "film again from the PACS."
+        )
+    width, height = declared.width, declared.height
     if width * height > max_pixels:
         raise ImageTooLargeError(
             f"The compressed image inside the file claims {width}x{height} pixels; the limit is "
@@ -278,21 +280,11 @@ def _check_codestream_size(dataset, syntax, rows: int, columns: int, max_pixels:
             f"The header says {columns}x{rows} pixels but the compressed image inside is {width}x{height}; "
             "the file is inconsistent. Export the film again from the PACS."
         )
-
-
-def _first_fragment_head(pixel_data: bytes, size: int = 65536) -> bytes | None:
-    """The first bytes of the first fragment of encapsulated pixel data (PS3.5 A.4: a Basic Offset Table item,
-    then fragment items), read in place: the codestream's header is at its start, and copying a whole frame
-    would cost as much memory as the compressed film."""
-    item = b"\xfe\xff\x00\xe0"  # (FFFE,E000), little endian
-    view = memoryview(pixel_data)
-    if view[0:4] != item:
-        return None
-    start = 8 + int.from_bytes(view[4:8], "little")  # past the offset table
-    if view[start : start + 4] != item:
-        return None
-    length = int.from_bytes(view[start + 4 : start + 8], "little")
-    return bytes(view[start + 8 : start + 8 + min(length, size)])
+    if declared.components != 1:
+        raise CorruptImageError(
+            f"The header says one sample per pixel but the compressed image inside has {declared.components} "
+            "components; the file is inconsistent. Export the film again from the PACS as grayscale."
+        )
 
 
 def _value(dataset, keyword: str, label: str):
@@ -329,9 +321,9 @@ def _decode_pixels(dataset) -> np.ndarray:
         raise
     except (RuntimeError, NotImplementedError, ImportError) as exc:
         # pydicom says RuntimeError when no plugin is installed; a half-installed plugin raises ImportError.
-        if syntax.is_compressed and (
-            isinstance(exc, ImportError) or "plugin" in str(exc).lower() or "decod" in str(exc).lower()
-        ):
+        # "missing dependencies": pydicom found no usable plugin. "raised by all available plugins": decoders ran
+        # and refused the data (an RLE frame with too little data, say), which is damage, not a missing package.
+        if syntax.is_compressed and (isinstance(exc, ImportError) or not _decoder_available(syntax)):
             package = CODEC_PACKAGES.get(str(syntax), "a pydicom pixel-data plugin")
             raise MissingCodecError(
                 f"The pixel data is compressed as {syntax.name}, and no installed decoder can read it. "
@@ -353,6 +345,15 @@ def _decode_pixels(dataset) -> np.ndarray:
             "Export the film again from the PACS."
         )
     return pixels
+
+
+def _decoder_available(syntax) -> bool:
+    from pydicom.pixels import get_decoder
+
+    try:
+        return get_decoder(syntax).is_available
+    except (NotImplementedError, ValueError):  # a syntax pydicom has no decoder for at all
+        return False
 
 
 def _value_transform(dataset, warnings: list[str]):

@@ -43,17 +43,15 @@ def is_dicom_without_preamble(data: bytes) -> bool:
 
 def load_radiograph(
     source: bytes | str | os.PathLike,
-    filename: str | None = None,
     *,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     max_bytes: int = MAX_UPLOAD_BYTES,
 ) -> Radiograph:
     """Read a chest film from bytes or a path. Raises ImageInputError (with a user-facing message) on bad input.
 
-    filename: ignored; kept for older callers. Names may hold patient names, so they never enter a message.
+    It takes no file name: names may hold patient names, so they never enter a message or a log.
     max_pixels: rows x columns (x frames) allowed, checked from the header before any pixel is decoded.
     """
-    del filename
     data = _read(source, max_bytes)
     try:
         film = _decode(data, max_pixels)

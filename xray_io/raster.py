@@ -13,7 +13,10 @@ from xray_io.radiograph import Radiograph, to_display_uint8
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_FORMATS = {"PNG", "JPEG"}
+SUPPORTED_FORMATS = {"PNG", "JPEG", "MPO"}  # MPO: a phone's JPEG with more images after the first
+# Each scan of a progressive JPEG is a full decoder pass over the image. Encoders write about ten (Pillow 6,
+# jpegtran's default progression 10 for colour); thousands of empty scans make a 1.4 MiB file decode for a minute.
+MAX_JPEG_SCANS = 100
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I")
 COLOUR_MODES = ("RGB", "RGBA", "P", "PA", "CMYK", "YCbCr", "LAB", "HSV")
 ROTATIONS = {3: "rotated 180°", 6: "rotated 90° clockwise", 8: "rotated 90° anticlockwise"}
@@ -30,7 +33,14 @@ def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
         ) from exc
     except Image.DecompressionBombError as exc:  # Pillow's own guard, at twice its MAX_IMAGE_PIXELS
         raise _too_large(None, max_pixels) from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+    except ValueError as exc:
+        if "MAX_TEXT_CHUNK" in str(exc):  # Pillow's guard on compressed text chunks (zTXt, iTXt) in a PNG
+            raise ImageTooLargeError(
+                "The PNG carries a compressed text chunk that expands beyond the limit for metadata (a "
+                "decompression bomb), so it was refused before decoding. Save the film again without text metadata."
+            ) from exc
+        raise CorruptImageError("The image header is damaged; the file may be truncated. Export it again.") from exc
+    except (OSError, SyntaxError, EOFError) as exc:
         raise CorruptImageError("The image header is damaged; the file may be truncated. Export it again.") from exc
 
     if image.format not in SUPPORTED_FORMATS:
@@ -38,6 +48,13 @@ def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
     width, height = image.size
     if width * height > max_pixels:
         raise _too_large(f"{width}x{height} pixels ({width * height / 1e6:.0f} Mpx)", max_pixels)
+    warnings: list[str] = ["No DICOM header: the view position (PA) could not be checked."]
+    if image.format in ("JPEG", "MPO"):
+        _refuse_scan_bomb(data)
+    if image.format == "MPO":  # Pillow opens the first image; the others (a depth map, a preview) are ignored
+        warnings.append(
+            f"The file holds {getattr(image, 'n_frames', 1)} images (MPO, as phones write); the first was read."
+        )
     try:
         image.load()
     except Image.DecompressionBombError as exc:
@@ -47,13 +64,24 @@ def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
             f"The image could not be decoded ({type(exc).__name__}); it may be truncated. Export it again."
         ) from exc
 
-    warnings: list[str] = ["No DICOM header: the view position (PA) could not be checked."]
     image = _apply_exif_orientation(image, warnings)
-    kind = image.format
+    kind = "JPEG" if image.format == "MPO" else image.format
     film, depth = _grayscale_pixels(image, warnings)
     del image  # Pillow's copy of the pixels goes before the film is returned
     logger.info("decoded %s %s size=%dx%d", kind, depth, film.shape[1], film.shape[0])
     return Radiograph(pixels=film, source=f"{kind} {depth}", warnings=tuple(warnings))
+
+
+def _refuse_scan_bomb(data: bytes) -> None:
+    from xray_io.codestream import count_jpeg_scans
+
+    scans = count_jpeg_scans(data, MAX_JPEG_SCANS)
+    if scans > MAX_JPEG_SCANS:
+        raise UnsupportedImageError(
+            f"The JPEG is split into more than {MAX_JPEG_SCANS} scans (progressive encoders write about ten, and "
+            "each scan is another full pass of the decoder), so it was refused before decoding. Save the film "
+            "again as PNG or as a baseline JPEG."
+        )
 
 
 def _grayscale_pixels(image, warnings: list[str]) -> tuple[np.ndarray, str]:

@@ -125,9 +125,6 @@ class _Run:
             if not self.journal.is_done(film.film_id, task):
                 self.append(error_record(film, task, exc, self.plan.record_names, about))
 
-    def display_name(self, film: FilmFile) -> str:
-        return film.relative if self.plan.record_names else "film"
-
     # --- one chunk -------------------------------------------------------------------------------------------
     def chunk(self, films: list[FilmFile]) -> None:
         try:
@@ -147,7 +144,7 @@ class _Run:
             if not tasks:
                 continue
             try:
-                radiograph = load_radiograph(film.path, filename=self.display_name(film))
+                radiograph = load_radiograph(film.path)
                 loaded.append((film, tasks, film_details(radiograph), model_input_image(radiograph)))
             except Exception as exc:
                 self.fail(film, tasks, exc)
@@ -160,7 +157,7 @@ class _Run:
             if not looks_like_dicom(film.path):
                 record.update(status="skipped", reason="not a DICOM file")
             else:
-                radiograph = load_radiograph(film.path, filename=self.display_name(film))
+                radiograph = load_radiograph(film.path)
                 record.update(
                     status="ok", result=conversion_result(film.path, film.film_id, radiograph, self.plan.output_dir)
                 )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from assistant.answer_details import answer_details_markdown
+from assistant.answer_details import answer_details_markdown, answer_metadata
 from assistant.confidence import CONFIDENCE_EXPLANATION, answer_confidence, span_confidence, token_offsets
 from inference_api.types import GenerationStats
 
@@ -94,10 +94,35 @@ def test_answer_details_show_tokens_latency_speed_and_confidence():
         token_logprobs=[LOG(0.9), LOG(0.9), LOG(0.1), LOG(0.9)],
         token_texts=["No", " effusion", " `x`", "."],
     )
-    text = answer_details_markdown(stats)
+    text = answer_details_markdown(stats, explain=False)
     assert text.startswith("**4 tokens** · 2.00 s (first token 0.10 s) · 2.0 tokens/s · stopped at the token limit")
     expected = 0.9**0.75 * 0.1**0.25
     assert f"confidence **{expected:.0%}**, lowest 10%" in text
     assert "least sure at `No effusion 'x'.`" in text  # the whole 4-token answer is the 5-token window
-    assert CONFIDENCE_EXPLANATION in text and "not the probability that the answer is" in CONFIDENCE_EXPLANATION
-    assert answer_details_markdown(GenerationStats(), explain=False) == "**0 tokens** · confidence: no tokens"
+    folded = answer_details_markdown(stats)
+    assert CONFIDENCE_EXPLANATION in folded and "not the probability that the answer is" in CONFIDENCE_EXPLANATION
+    # One line shows (the summary); the figures and the explanation open on click.
+    assert folded.startswith(f'<details class="answer-details"><summary>4 tokens · 2.00 s · confidence {expected:.0%}')
+    assert text in folded and folded.endswith("</details>")
+    assert answer_details_markdown(GenerationStats(), explain=False) == (
+        "**0 tokens** · confidence: no tokens · prompt 0 tokens, 0 reused from this conversation's cache"
+    )
+
+
+def test_answer_metadata_is_numbers():
+    stats = GenerationStats(
+        prompt_tokens=300,
+        reused_tokens=0,
+        new_tokens=2,
+        first_token_s=0.25,
+        total_s=0.5,
+        finish_reason="stop",
+        token_ids=[5, 6],
+        token_logprobs=[LOG(0.5), LOG(0.5)],
+        token_texts=["No", "."],
+    )
+    metadata = answer_metadata(stats)
+    assert metadata["generated_tokens"] == 2 and metadata["prompt_tokens"] == 300
+    assert metadata["seconds"] == 0.5 and metadata["first_token_seconds"] == 0.25
+    assert metadata["tokens_per_second"] == 4.0 and metadata["confidence"] == 0.5
+    assert answer_metadata(GenerationStats())["confidence"] is None

@@ -30,7 +30,7 @@ def test_same_tokens_same_confidence_on_pytorch_and_the_engine_bundle(demo_model
     bundle = request.getfixturevalue("fp32_bundle")  # built only once the test can run
     from pytorch_backend.eager import TorchInference
 
-    image = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=7), 8)), "film.png"))
+    image = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=7), 8))))
     results = []
     for backend in (TorchInference(demo_model_dir, device="cpu"), trt_class(bundle, executor="onnxruntime-cpu")):
         try:

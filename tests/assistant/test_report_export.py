@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import math
 import stat
+from datetime import date
+
+import pytest
 
 from assistant.report import parse_report
 from assistant.report_export import (
     DISCLAIMER,
     EXPORT_FORMAT,
+    export_stem,
     remove_report_files,
     report_json,
     report_markdown,
@@ -65,6 +69,14 @@ def test_markdown_export_has_sections_marks_missing_fields_and_fences_the_raw_te
     assert "No token probabilities" in report_markdown(parse_report(TEXT))
 
 
+@pytest.mark.parametrize(
+    ("report_id", "label"), [("3f9a", "Jane Doe.dcm"), ("../x", "film-1"), ("3f9a", ""), ("3f9a", "film/2")]
+)
+def test_export_names_take_only_short_labels(report_id, label):
+    with pytest.raises(ValueError, match="lowercase letters, digits or hyphens"):
+        export_stem(report_id, label)
+
+
 def test_download_files_are_private_and_removable(tmp_path):
     report = parse_report(TEXT, Stats())
     files = write_report_files(report, base_dir=tmp_path, metadata={"model": "demo"})
@@ -75,6 +87,12 @@ def test_download_files_are_private_and_removable(tmp_path):
     assert files.json_path.read_text() == report_json(report, {"model": "demo"})
     assert files.markdown_path.read_text() == report_markdown(report, {"model": "demo"})
     assert files.json_path.name == "chest-xray-report.json"  # never a name derived from the upload
+    named = write_report_files(report, base_dir=tmp_path, stem=export_stem("3f9a", "film-2", date(2026, 12, 1)))
+    assert (named.json_path.name, named.markdown_path.name) == (
+        "2026-12-01_report-3f9a_film-2.json",
+        "2026-12-01_report-3f9a_film-2.md",
+    )
+    remove_report_files(named)
     second = write_report_files(report, base_dir=tmp_path)
     assert second.folder != files.folder  # one folder per export: concurrent sessions never share a file
     remove_report_files(files)

@@ -130,7 +130,7 @@ def test_cli_writes_png_and_dicom_with_sidecar_labels_never_in_patient_fields(tm
     for path in films:
         labels = read_labels(path)
         assert labels == sample_labels(int(path.stem.rsplit("_", 1)[1]))
-        radiograph = load_radiograph(path.read_bytes(), path.name)
+        radiograph = load_radiograph(path.read_bytes())
         assert radiograph.pixels.shape[0] == 512
     dataset = pydicom.dcmread(films[1])
     assert dataset.ImageComments == SYNTHETIC_NOTICE and dataset.PatientID.startswith("SYNTHETIC-")

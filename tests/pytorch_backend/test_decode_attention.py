@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from pytorch_backend.decode_attention import reference_decode_attention
@@ -74,9 +75,11 @@ def test_triton_kernel_matches_the_reference_in_the_interpreter():
     assert worst < 1e-5, worst
 
 
-def test_triton_kernels_compile_for_the_h200():
+@pytest.mark.parametrize(("write_kv", "norm_rope"), [(False, False), (True, False), (True, True)])
+def test_triton_kernels_compile_for_the_h200(write_kv, norm_rope):
     """Triton compiles both kernels to SM 9.0 code here, without a GPU: its interpreter accepts code (a ternary on a
-    runtime value, found on the H200) that the compiler refuses."""
+    runtime value, found on the H200) that the compiler refuses. Every variant the steps use: attention alone, with
+    the KV write, and with the q/k norm and rotary as well (the 8-bit step)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -84,13 +87,16 @@ def test_triton_kernels_compile_for_the_h200():
     from pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, _kernels
 
     kernels = _kernels()
-    strides = ["q_b", "q_h", "q_d", "c_s", "c_h", "c_n", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
+    strides = ["q_b", "q_h", "q_d", "nk_b", "nk_h", "nk_d", "nv_b", "nv_h", "nv_d"]
+    strides += ["c_s", "c_h", "c_n", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
     partial = {
         "q": "*bf16",
         "k_cache": "*bf16",
         "v_cache": "*bf16",
         "slots": "*i64",
         "lengths": "*i64",
+        "new_k": "*bf16",
+        "new_v": "*bf16",
         "partial": "*fp32",
         "lse": "*fp32",
         **dict.fromkeys(strides, "i32"),
@@ -98,7 +104,13 @@ def test_triton_kernels_compile_for_the_h200():
         "window": "i32",
         "group": "i32",
         "splits": "i32",
-        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H"), "constexpr"),
+        "q_norm": "*bf16",
+        "k_norm": "*bf16",
+        "cos_table": "*bf16",
+        "sin_table": "*bf16",
+        "cs_n": "i32",
+        "eps": "fp32",
+        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H", "WRITE_KV", "NORM_ROPE"), "constexpr"),
     }
     merge = {
         "partial": "*fp32",
@@ -109,6 +121,7 @@ def test_triton_kernels_compile_for_the_h200():
     }
     target = GPUTarget("cuda", 90, 32)
     sizes = {"DIM": 256, "BLOCK_DIM": 256, "BLOCK_N": BLOCK_N, "BLOCK_H": BLOCK_H}
+    sizes.update(WRITE_KV=write_kv, NORM_ROPE=norm_rope)
     compiled = triton.compile(ASTSource(fn=kernels.partial, signature=partial, constexprs=sizes), target=target)
     assert ".target sm_90" in compiled.asm["ptx"]
     merged = triton.compile(

@@ -36,9 +36,7 @@ def fast(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def films():
-    return [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png")) for s in range(3)
-    ]
+    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
 
 
 def run(backend, request) -> GenerationStats:

@@ -25,7 +25,7 @@ def backend(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def image():
-    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=5), 8)), "film.png"))
+    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=5), 8))))
 
 
 def test_info_says_demo_fp32_cpu(backend):

@@ -47,8 +47,27 @@ def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arr
 interpreter._patch_lang_tensor = _patch_index
 from pytorch_backend.weight_only import quantize_weight, reference_weight_only_linear, triton_weight_only_linear
 from pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
+from pytorch_backend.decode_attention import write_decode_attention_rope
+from pytorch_backend.weight_only import SPLITS, reference_gelu_glu, triton_gemv
 torch.manual_seed(0)
 worst = 0.0
+for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K (3 of 8 rows) and gelu-gated
+    x = torch.randn(1, k)
+    for w in (torch.randn(n, k), torch.randn(2 * n, k)):
+        q = quantize_weight(w, "int8")
+        expected = reference_weight_only_linear(x, q.data, q.scale)
+        poison = torch.full((SPLITS, 1, w.shape[0]), float("nan"))
+        partials = triton_gemv(x, q.data, q.scale, split=True)
+        assert partials.shape == poison.shape and torch.isfinite(partials).all()
+        for produced in (triton_gemv(x, q.data, q.scale), partials.sum(0)):
+            worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
+        expected = reference_weight_only_linear(x, w, None)
+        produced = triton_gemv(x, w, None)
+        worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
+    expected = reference_gelu_glu(x, q.data, q.scale)
+    produced = triton_gemv(x, q.data, q.scale, glu=True)
+    assert produced.shape == (1, n)
+    worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
 for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32)):
     x, w = torch.randn(m, k), torch.randn(n, k)
     q = quantize_weight(w, "int8")
@@ -69,6 +88,18 @@ for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2)
     produced = triton_decode_attention(q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v)
     worst = max(worst, (expected - produced).abs().max().item())
     assert torch.equal(k_cache.nan_to_num(), k_ref.nan_to_num()) and torch.equal(v_cache.nan_to_num(), v_ref.nan_to_num())
+    # raw projections: per-head norm and rotary inside the kernel (the 8-bit step), against the torch reference
+    q_norm, k_norm = torch.randn(dim) * 0.3, torch.randn(dim) * 0.3
+    cos_table, sin_table = torch.randn(96, dim), torch.randn(96, dim)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    args = (slots, positions, q_norm, k_norm, cos_table, sin_table, 1e-6, window, 0.17)
+    expected = write_decode_attention_rope(q, k, v, k_ref, v_ref, *args)
+    rope = (q_norm, k_norm, cos_table, sin_table, 1e-6)
+    produced = triton_decode_attention(
+        q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v, rope=rope
+    )
+    worst = max(worst, (expected - produced).abs().max().item())
+    assert torch.allclose(k_cache.nan_to_num(), k_ref.nan_to_num(), atol=1e-5)
 print("WORST", worst)
 """
 
@@ -108,3 +139,75 @@ def test_weight_only_kernel_compiles_for_the_h200(weight_type):
     )
     assert ".target sm_90" in compiled.asm["ptx"]
     assert "cubin" in compiled.asm
+
+
+@pytest.mark.parametrize("weight_type", ["*i8", "*fp8e4nv", "*bf16"])
+@pytest.mark.parametrize("variant", ["plain", "split", "glu"])
+def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
+    """The one-row GEMV (plain, split-K partials, gelu-gated gate/up) compiles to SM 9.0 code for each format, at
+    the largest block shape the autotuner may pick, with 16-byte weight loads (ld.global.v4 in the PTX)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pytorch_backend.weight_only import GEMV_BLOCKS, GLU_BLOCKS, SPLITS, _kernels
+
+    signature = {
+        "x": "*bf16",
+        "w": weight_type,
+        "scale": "*fp32",
+        "out": "*fp32" if variant == "split" else "*bf16",
+        **dict.fromkeys(["n", "k", "w_n", "SPLIT"], "i32"),
+        **dict.fromkeys(["HAS_SCALE", "GLU", "S_MAX", "BLOCK_N", "BLOCK_K", "EVEN_K"], "constexpr"),
+    }
+    block_n, block_k, warps = GLU_BLOCKS[-1] if variant == "glu" else (*GEMV_BLOCKS[-1], 4)
+    sizes = {
+        "HAS_SCALE": weight_type != "*bf16",
+        "GLU": variant == "glu",
+        "S_MAX": SPLITS if variant == "split" else 1,
+        "BLOCK_N": block_n,
+        "BLOCK_K": block_k,
+        "EVEN_K": True,
+    }
+    # at run time Triton specialises 16-byte-aligned pointers and multiples of 16 (k = w_n = 2560 etc.) as such
+    attrs = {(index,): [["tt.divisibility", 16]] for index in range(7)}
+    compiled = triton.compile(
+        ASTSource(fn=_kernels().raw_gemv, signature=signature, constexprs=sizes, attrs=attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": warps},
+    )
+    assert ".target sm_90" in compiled.asm["ptx"]
+    assert "cubin" in compiled.asm
+
+    ptx = compiled.asm["ptx"]
+    assert "ld.global.v4.b32" in ptx and "ld.global.b8" not in ptx, "the weight rows must load 16 bytes at a time"
+
+
+def test_int8_gemv_widens_without_the_conversion_unit(tmp_path):
+    """The int8 GEMV's SASS has no I2F (one per weight, a quarter-rate unit, in the kernel measured on the H200 on
+    2026-12-01 at ~2.1 TB/s): the weights widen through integer and fp32 adds instead."""
+    import os
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pytorch_backend.weight_only import _kernels
+
+    signature = {
+        **{"x": "*bf16", "w": "*i8", "scale": "*fp32", "out": "*fp32"},
+        **dict.fromkeys(["n", "k", "w_n", "SPLIT"], "i32"),
+        **dict.fromkeys(["HAS_SCALE", "GLU", "S_MAX", "BLOCK_N", "BLOCK_K", "EVEN_K"], "constexpr"),
+    }
+    sizes = {"HAS_SCALE": True, "GLU": False, "S_MAX": 8, "BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": True}
+    compiled = triton.compile(
+        ASTSource(fn=_kernels().raw_gemv, signature=signature, constexprs=sizes),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": 4},
+    )
+    cubin = tmp_path / "gemv.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    assert sass.count("FFMA") >= 32  # 8 x 512 weights over 128 threads: 32 products a thread per step
+    assert sass.count("I2F") < 8, "one I2F per weight"  # a few remain for the split arithmetic (integer division)

@@ -207,3 +207,28 @@ def test_notify_reaches_an_abstract_socket_and_is_silent_outside_systemd(monkeyp
         assert channel.recv(4096) == b"READY=1\nSTATUS=test"
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert notify("READY=1") is False
+
+
+def test_unit_limits_memory_and_open_files_from_the_settings(portable_checkout, service_user, tmp_path):
+    """Issue 19: MemoryMax/MemoryHigh from MEMORY_MAX_MB, and LimitNOFILE above MAX_CONNECTIONS (systemd's default
+    soft limit of 1,024 files let 1,100 idle connections starve every client)."""
+    env_file = tmp_path / "medgemma-xray.env"
+    env_file.write_text("MEMORY_MAX_MB=20000\nMAX_CONNECTIONS=100000\n")
+    unit = tmp_path / "limits.service"
+    log_dir = portable_checkout / f"logs-{service_user}"
+    result = install(
+        portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+    )
+    assert result.returncode == 0, result.stderr
+    unit_settings = directives(unit)
+    assert unit_settings["MemoryMax"] == ["20000M"] and unit_settings["MemoryHigh"] == ["18000M"]
+    assert unit_settings["LimitNOFILE"] == ["104096"]
+    env_file.write_text("")
+    assert (
+        install(
+            portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+        ).returncode
+        == 0
+    )
+    unit_settings = directives(unit)
+    assert "MemoryMax" not in unit_settings and unit_settings["LimitNOFILE"] == ["65536"]

@@ -29,9 +29,7 @@ def backend(random_model_dir):
 
 @pytest.fixture(scope="module")
 def films():
-    return [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)), "f.png")) for s in range(3)
-    ]
+    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
 
 
 def unbatched(backend, request) -> list[int]:

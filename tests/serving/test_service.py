@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture()
 def image():
-    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=4), 8)), "f.png"))
+    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=4), 8))))
 
 
 def make_service(tmp_path, bundle, **overrides) -> InferenceService:

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def film():
-    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8)), "held_out.png"))
+    return model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=42), 8))))
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,7 @@ def film():
     """A held-out labelled phantom (seed 42; training uses seeds from 1,000,000): what the demo model reads."""
     from phantoms.labelled import labelled_phantom
 
-    return model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(42).film, 8)), "held_out.png"))
+    return model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(42).film, 8))))
 
 
 def torch_tokens(backend, request):

@@ -1,0 +1,82 @@
+"""A shared LOG_DIR (issue 19, section 5): the scripts run as real processes against a LOG_DIR that others may
+write to, that another user owns, or that holds planted symbolic links; what a start creates is private; and
+stop_gradio.sh never stops the server of another LOG_DIR whose PID file was copied in."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import free_port
+from tests.scripts.harness import Operator
+
+pytestmark = pytest.mark.slow
+
+
+def refused_start(log_dir: Path) -> tuple[int, str]:
+    op = Operator(log_dir, free_port())
+    done = op.run("start_gradio.sh", "--timeout", "120")
+    if done.returncode == 0:  # the old scripts started it: stop it again
+        op.cleanup()
+    return done.returncode, done.stderr
+
+
+def test_a_log_dir_others_may_write_to_is_refused(tmp_path):
+    log_dir = tmp_path / "shared"
+    log_dir.mkdir()
+    log_dir.chmod(0o1777)
+    code, error = refused_start(log_dir)
+    assert code == 2, error
+    assert "writable by others (mode 1777)" in error and "chmod 700" in error
+    assert list(log_dir.iterdir()) == []  # nothing was written there
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the folder to another user")
+def test_a_log_dir_of_another_user_is_refused(tmp_path):
+    log_dir = tmp_path / "theirs"
+    log_dir.mkdir(mode=0o700)
+    shutil.chown(log_dir, "nobody")
+    code, error = refused_start(log_dir)
+    assert code == 2, error
+    assert "belongs to nobody" in error
+
+
+def test_a_planted_symlink_is_never_followed(tmp_path):
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir(mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (log_dir / "gradio_app.console.log").symlink_to(victim)
+    code, error = refused_start(log_dir)
+    assert code == 2, error
+    assert "is a symbolic link" in error
+    assert victim.read_text() == "precious\n"
+
+
+def test_files_are_private_and_stop_ignores_a_copied_pid_file(tmp_path):
+    first, second = tmp_path / "first" / "logs", tmp_path / "second"
+    second.mkdir(mode=0o700)
+    op = Operator(first, free_port())
+    op.env["UMASK_NOTE"] = "the operator's umask is 022 here"
+    try:
+        os.umask(0o022)
+        started = op.run("start_gradio.sh")
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert stat.S_IMODE(first.stat().st_mode) == 0o700
+        for name in ("gradio_app.pid", "gradio_app.lock", "gradio_app.console.log", "gradio_app.log"):
+            assert stat.S_IMODE((first / name).stat().st_mode) == 0o600, name
+        pid = op.pid()
+
+        shutil.copy(first / "gradio_app.pid", second / "gradio_app.pid")
+        other = Operator(second, free_port())
+        stopped = other.run("stop_gradio.sh", "--timeout", "20")
+        assert stopped.returncode == 0, stopped.stderr
+        assert "not running" in stopped.stdout
+        assert Path(f"/proc/{pid}").exists() and op.pid() == pid  # the first server still runs
+        assert op.status_json()["running"] is True
+    finally:
+        op.cleanup()

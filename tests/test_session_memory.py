@@ -1,0 +1,97 @@
+"""Memory held per session (issue 19, section 2): 200 API sessions each load a 6000 x 6000 film and go idle. The
+server's RSS stays under a stated bound while they are idle, and every case is dropped once its state's
+time-to-live has passed (RSS printed; README says how far it falls). Before, each such session held about 178 MiB (the full film and its full-size padded RGB square) until
+10,000 other sessions pushed it out."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import numpy as np
+import pytest
+from gradio_client import Client, handle_file
+
+from devtools.loadtest import rss_bytes
+from tests.conftest import start_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+SESSIONS = 200
+CLIENTS = 4
+TTL_S = 20
+# What 200 idle cases may hold: each keeps a 896-px RGB model input (2.4 MB) and a 512-px copy of the film, plus
+# Gradio's per-session bookkeeping; 4 MiB a session is generous. The full film alone is 36 MB.
+PER_SESSION_BYTES = 4 << 20
+TRANSIENT_BYTES = 768 << 20  # films in flight (4 at once), allocator slack
+
+
+def big_film_png() -> bytes:
+    from PIL import Image
+
+    rows = np.linspace(0, 255, 6000, dtype=np.float32)
+    pixels = (rows[:, None] * 0.6 + rows[None, :] * 0.4).astype(np.uint8)  # smooth: a small PNG
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(tmp_path):
+    film = tmp_path / "film-6000.png"
+    film.write_bytes(big_film_png())
+    server = start_server(tmp_path / "logs", env={"SESSION_TTL_S": str(TTL_S), "MAX_NEW_TOKENS": "4"})
+    try:
+        pid = server.process.pid
+        warm = Client(server.url, verbose=False)
+        warm.predict(handle_file(str(film)), api_name="/upload_film")  # pays for imports and first allocations
+        start = rss_bytes(pid)
+        bound = start + SESSIONS * PER_SESSION_BYTES + TRANSIENT_BYTES
+        loaded, failures, over = [0], [], threading.Event()
+        lock = threading.Lock()
+
+        def client_loop(share: int) -> None:
+            client = Client(server.url, verbose=False)
+            for _ in range(share):
+                if over.is_set():
+                    return
+                client.reset_session()  # a new API session: no heartbeat, never closed
+                try:
+                    summary = client.predict(handle_file(str(film)), api_name="/upload_film")[1]
+                    assert "6000×6000" in summary, summary
+                except Exception as exc:
+                    failures.append(repr(exc)[:300])
+                    return
+                with lock:
+                    loaded[0] += 1
+                if rss_bytes(pid) > bound:
+                    over.set()  # stop early: the old code would take this machine's memory
+
+        threads = [threading.Thread(target=client_loop, args=(SESSIONS // CLIENTS,)) for _ in range(CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        idle_rss = rss_bytes(pid)
+        assert failures == []
+        assert not over.is_set() and idle_rss <= bound, (
+            f"{loaded[0]} sessions: RSS {idle_rss >> 20} MiB, bound {bound >> 20} MiB (start {start >> 20} MiB)"
+        )
+        assert loaded[0] == SESSIONS
+
+        # After the time-to-live every case is dropped: the first session (loaded before all the others) has none.
+        deadline = time.monotonic() + TTL_S + 90
+        expired = None
+        while time.monotonic() < deadline:
+            try:
+                warm.predict("Findings?", api_name="/ask")
+            except Exception as exc:  # gradio_client raises the handler's gr.Error
+                expired = str(exc)
+                break
+            time.sleep(1)
+        assert expired is not None and "Upload a chest X-ray first" in expired, expired
+        time.sleep(TTL_S)  # the other sessions expire within a TTL of the last load; then one trim follows
+        settled = rss_bytes(pid)
+        print(f"\nRSS start {start >> 20} MiB, 200 idle {idle_rss >> 20} MiB, after the TTL {settled >> 20} MiB")
+        assert settled <= idle_rss
+    finally:
+        server.stop()

@@ -1,0 +1,364 @@
+"""The teaching-rounds page (/teaching) in headless Chromium (Debian's, driven by Playwright), against a real
+server with the demo model and a starter case library of labelled phantoms:
+
+- a quiz round on three library cases in shuffled order: a read entered, reveal, the scores the labels give;
+  then the session export (CSV rows and the PDF page rendered to PNG with pdftoppm) shows the three cases;
+- window/level presets change the displayed pixels (buttons and keyboard shortcuts);
+- the ruler reads a known distance on a phantom with known pixel spacing within 2%; the CTR calliper too;
+- Stop cancels a running answer and frees its slot: with one decode slot, the next question starts while the
+  stopped answer would still have been running (nothing has completed yet).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from phantoms.findings import FINDINGS
+from teaching.library import load_library, write_starter_set
+from teaching.model_read import model_read
+from teaching.scoring import read_from_labels, score_read
+from tests.conftest import ARTIFACTS, start_server
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+
+pytestmark = pytest.mark.slow
+
+CHECKBOXES = {
+    "present.pleural_effusion": "read-effusion",
+    "present.pneumothorax": "read-pneumothorax",
+    "present.nodule_or_mass": "read-nodule",
+    "present.consolidation": "read-consolidation",
+    "present.cardiomegaly": "read-cardiomegaly",
+    "present.endotracheal_tube": "read-ett",
+    "present.central_line": "read-line",
+    "present.pacemaker": "read-pacemaker",
+}
+CHOICES = {
+    "effusion.side": "read-effusion-side",
+    "effusion.size": "read-effusion-size",
+    "pneumothorax.side": "read-pneumothorax-side",
+    "pneumothorax.size": "read-pneumothorax-size",
+    "nodule.lobe": "read-nodule-lobe",
+    "consolidation.lobe": "read-consolidation-lobe",
+    "central_line.route": "read-line-route",
+    "central_line.tip": "read-line-tip",
+    "pacemaker.side": "read-pacemaker-side",
+    "technique.rotated": "read-rotated",
+    "technique.inspiration": "read-inspiration",
+    "technique.exposure": "read-exposure",
+}
+NUMBERS = {
+    "cardiothoracic_ratio": "read-ctr",
+    "nodule.size_cm": "read-nodule-size",
+    "endotracheal_tube.tip_above_carina_cm": "read-ett-tip",
+}
+IDENTIFIERS = ("Synthetic^Phantom", "Synthetic Phantom", "SYNTHETIC-9", "SYN0001", "phantom_case_")
+
+
+@pytest.fixture(scope="module")
+def library_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("case-library")
+    write_starter_set(folder, 8)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def teaching_server(tmp_path_factory, demo_model_dir, library_folder):
+    server = start_server(tmp_path_factory.mktemp("teaching-logs"), env={"CASE_LIBRARY": str(library_folder)})
+    yield server
+    server.stop()
+
+
+def _browser(playwright):
+    if not shutil.which("chromium"):
+        pytest.fail("Debian's chromium is not installed; run scripts/setup_env.sh --dev (apt-get install chromium)")
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+
+
+def _open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page.goto(f"{url}/teaching", wait_until="load")
+    page.wait_for_selector("#teach-library :text('cases in the library')", timeout=60_000)
+    return page
+
+
+def _choose(page, elem_id: str, value: str) -> None:
+    page.click(f"#{elem_id} input")
+    page.click(f"#{elem_id} li[role=option][aria-label='{value}']")
+
+
+def _fill_read(page, read: dict) -> None:
+    for name, elem_id in CHECKBOXES.items():
+        if read.get(name):
+            page.check(f"#{elem_id} input")
+    for name, elem_id in CHOICES.items():
+        value = read.get(name)
+        if value is not None:
+            _choose(page, elem_id, {True: "yes", False: "no"}.get(value, value) if isinstance(value, bool) else value)
+    for name, elem_id in NUMBERS.items():
+        if read.get(name) is not None:
+            page.fill(f"#{elem_id} input", f"{read[name]:g}")
+
+
+def _open_case(page, title: str) -> None:
+    _choose(page, "teach-case", title)
+    page.click("#teach-open")
+    page.wait_for_selector(f"#teach-case-info :text('{title}')", timeout=60_000)
+    page.wait_for_selector("#teach-measure :text('Ruler')", timeout=60_000)
+
+
+def _view_pixels(page) -> np.ndarray:
+    from PIL import Image
+
+    source = page.get_attribute("#teach-view img", "src")
+    body = page.request.get(source).body()
+    return np.asarray(Image.open(io.BytesIO(body)).convert("L"), dtype=np.int16)
+
+
+def _wait_new_view(page, before: str) -> None:
+    page.wait_for_function(
+        "(old) => { const i = document.querySelector('#teach-view img'); return i && i.src !== old && i.complete; }",
+        arg=before,
+        timeout=60_000,
+    )
+
+
+def _screen_point(page, row: float, col: float, shape: tuple[int, int]) -> tuple[float, float]:
+    """Where a film pixel (row, col) of the whole-film view lies on the screen (the image is letterboxed)."""
+    page.wait_for_function(
+        "() => { const i = document.querySelector('#teach-view img'); return i && i.complete && i.naturalWidth > 0; }",
+        timeout=60_000,
+    )
+    page.locator("#teach-view img").scroll_into_view_if_needed()
+    box = page.locator("#teach-view img").bounding_box()
+    natural = page.evaluate(
+        "() => { const i = document.querySelector('#teach-view img'); return [i.naturalWidth, i.naturalHeight]; }"
+    )
+    scale = min(box["width"] / natural[0], box["height"] / natural[1])
+    left = box["x"] + (box["width"] - natural[0] * scale) / 2
+    top = box["y"] + (box["height"] - natural[1] * scale) / 2
+    view_x = (col + 0.5) * natural[0] / shape[1]
+    view_y = (row + 0.5) * natural[1] / shape[0]
+    return left + view_x * scale, top + view_y * scale
+
+
+def _click_and_wait(page, point: tuple[float, float], expected: str) -> None:
+    """Click the view and wait for the measurement to say `expected` (a regular expression): one point at a
+    time, as a person clicks."""
+    page.mouse.click(*point)
+    page.wait_for_function(
+        "(pattern) => new RegExp(pattern).test(document.querySelector('#teach-measure').innerText)",
+        arg=expected,
+        timeout=60_000,
+    )
+
+
+def _report_text(page) -> str:
+    return page.inner_text("#teach-reveal-box pre").strip()
+
+
+def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, tmp_path):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    library = load_library(library_folder)
+    by_title = {case.title: case for case in library.cases}
+    ARTIFACTS.mkdir(exist_ok=True)
+    expected = []
+    with playwright_api.sync_playwright() as playwright:
+        browser = _browser(playwright)
+        page = _open_page(browser, teaching_server.url)
+        page.click("#teach-shuffle")
+        page.wait_for_selector("#teach-order :text('Quiz order:')", timeout=60_000)
+        order = page.inner_text("#teach-order").split("Quiz order:", 1)[1].strip().split(", ")
+        assert sorted(order) == sorted(by_title), order
+        for index, title in enumerate(order[:3]):
+            page.click("#teach-next")
+            page.wait_for_selector(f"#teach-case-info :text('{title}')", timeout=60_000)
+            key = by_title[title].key
+            if index == 0:  # the key itself: every field right
+                read = read_from_labels(key)
+            elif index == 1:  # the key with a ratio 0.15 off and the rotation the wrong way round
+                read = read_from_labels(key)
+                read["cardiothoracic_ratio"] = round(key.heart.cardiothoracic_ratio + 0.15, 2)
+                read["technique.rotated"] = not key.technique.rotated
+            else:  # nothing entered: every finding called absent, the ratio and technique not stated
+                read = {f"present.{finding}": False for finding in FINDINGS}
+            _fill_read(page, read)
+            page.click("#teach-reveal")
+            page.wait_for_selector("#teach-model-score :text('Model score')", timeout=180_000)
+            student = score_read(read, key)
+            model = score_read(model_read(_report_text(page)), key)
+            expected.append((title, student.summary(), model.summary()))
+            assert f"Student score: {student.summary()}" in page.inner_text("#teach-student-score")
+            assert f"Model score: {model.summary()}" in page.inner_text("#teach-model-score")
+            if index == 0:
+                assert student.right == student.total
+            if index == 1:
+                assert student.total - student.right == 2
+                assert not student.mark("cardiothoracic_ratio").right and not student.mark("technique.rotated").right
+            page.screenshot(path=str(ARTIFACTS / f"teaching_quiz_case{index + 1}.png"), full_page=True)
+
+        page.click("#teach-export")
+        page.wait_for_selector("#teach-csv:visible", timeout=60_000)
+        with page.expect_download(timeout=60_000) as csv_download:
+            page.click("#teach-csv")
+        with page.expect_download(timeout=60_000) as pdf_download:
+            page.click("#teach-pdf")
+        csv_text = Path(csv_download.value.path()).read_text(encoding="utf-8")
+        pdf_path = tmp_path / "session.pdf"
+        shutil.copy(pdf_download.value.path(), pdf_path)
+        browser.close()
+
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    assert [(r["title"], r["student_score"].split()[0], r["model_score"].split()[0]) for r in rows] == expected
+    rendered = ARTIFACTS / "teaching_session_handout"
+    subprocess.run(["pdftoppm", "-png", "-r", "60", "-f", "1", "-l", "1", str(pdf_path), str(rendered)], check=True)
+    page_png = next(ARTIFACTS.glob("teaching_session_handout*.png"))
+    from PIL import Image
+
+    pixels = np.asarray(Image.open(page_png).convert("L"))
+    assert (pixels < 128).mean() > 0.01, "the handout's first page rendered blank"
+    pdf_text = subprocess.run(["pdftotext", str(pdf_path), "-"], check=True, capture_output=True, text=True).stdout
+    for title, student_score, model_score in expected:
+        assert title in pdf_text and f"Student {student_score}" in pdf_text and f"Model {model_score}" in pdf_text
+    for exported in (csv_text, pdf_text):
+        for identifier in IDENTIFIERS:
+            assert identifier.lower() not in exported.lower(), identifier
+
+
+def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    import pydicom
+
+    case = next(c for c in load_library(library_folder).cases if c.film_path.suffix == ".dcm")
+    dataset = pydicom.dcmread(case.film_path)
+    shape, spacing = (int(dataset.Rows), int(dataset.Columns)), float(dataset.PixelSpacing[0])
+    ARTIFACTS.mkdir(exist_ok=True)
+    with playwright_api.sync_playwright() as playwright:
+        browser = _browser(playwright)
+        page = _open_page(browser, teaching_server.url)
+        _open_case(page, case.title)
+        views = {"file": _view_pixels(page)}
+        for name, button in (("lung", "#teach-lung"), ("bone", "#teach-bone"), ("mediastinum", "#teach-mediastinum")):
+            before = page.get_attribute("#teach-view img", "src")
+            page.click(button)
+            _wait_new_view(page, before)
+            views[name] = _view_pixels(page)
+        page.screenshot(path=str(ARTIFACTS / "teaching_viewer_mediastinum.png"), full_page=True)
+        before = page.get_attribute("#teach-view img", "src")
+        page.click("h1")  # focus off any input: the shortcuts ignore typing
+        page.keyboard.press("1")
+        _wait_new_view(page, before)
+        views["key 1"] = _view_pixels(page)
+
+        # The ruler: two points 300 rows apart on the whole-film view.
+        before = page.get_attribute("#teach-view img", "src")
+        page.keyboard.press("r")
+        _wait_new_view(page, before)
+        col = shape[1] / 2
+        _click_and_wait(page, _screen_point(page, 100, col, shape), r"\(1 of 2\)")
+        _click_and_wait(page, _screen_point(page, 400, col, shape), r"Ruler: [\d.]+ mm")
+        ruler = page.inner_text("#teach-measure")
+        page.screenshot(path=str(ARTIFACTS / "teaching_viewer_ruler.png"), full_page=True)
+
+        # The CTR calliper: heart borders 120 columns apart, thorax margins 300 apart.
+        page.click("#teach-tool label:has-text('CTR calliper')")
+        page.wait_for_selector("#teach-measure :text('CTR calliper: click')", timeout=60_000)
+        middle = shape[1] / 2
+        columns = (middle - 60, middle + 60, middle - 150, middle + 150)
+        for number, x in enumerate(columns, start=1):
+            expected = "cardiothoracic ratio" if number == len(columns) else rf"\({number + 1} of 4\)"
+            _click_and_wait(page, _screen_point(page, 300, x, shape), expected)
+        calliper = page.inner_text("#teach-measure")
+        page.screenshot(path=str(ARTIFACTS / "teaching_viewer_calliper.png"), full_page=True)
+
+        # The projector layout (key P): the read form and the engineering rows fold away, the film grows.
+        width_before = page.locator("#teach-view-col").bounding_box()["width"]
+        page.click("h1")
+        page.keyboard.press("p")
+        page.wait_for_selector(".teach-form", state="hidden", timeout=30_000)
+        projector_width = page.locator("#teach-view-col").bounding_box()["width"]
+        page.screenshot(path=str(ARTIFACTS / "teaching_projector.png"))
+        browser.close()
+
+    for name in ("lung", "bone", "mediastinum"):
+        changed = np.abs(views[name] - views["file"]).mean()
+        assert changed > 5, f"the {name} preset left the picture nearly as it was (mean change {changed:.1f})"
+    assert np.abs(views["lung"] - views["bone"]).mean() > 5
+    assert np.array_equal(views["key 1"], views["lung"]), "key 1 should show the lung window"
+    known_mm = 300 * spacing
+    read_mm = float(re.search(r"Ruler: ([\d.]+) mm", ruler).group(1))
+    assert abs(read_mm - known_mm) <= 0.02 * known_mm, (ruler, known_mm)
+    assert projector_width > 1.15 * width_before, (width_before, projector_width)
+    ratio = float(re.search(r"cardiothoracic ratio ([\d.]+)", calliper).group(1))
+    assert abs(ratio - 120 / 300) <= 0.02 * 0.4, calliper
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name)]
+    return sum(values)
+
+
+def _wait_slot_free(page, url: str) -> None:
+    for _ in range(600):  # the scheduler drops a cancelled answer at its next turn
+        if _metric(url, "medgemma_requests_running") == 0:
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError("Stop did not free the answer's slot")
+
+
+def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_model_dir, library_folder):
+    """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early): after
+    Stop, the slot empties and the next question streams while nothing has completed, so it did not wait for
+    the stopped answer."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    env = {
+        "CASE_LIBRARY": str(library_folder),
+        "MODEL_PATH": str(random_model_dir),
+        "GENERATION_CONCURRENCY": "1",
+        "MAX_NEW_TOKENS": "2048",
+        # Each decode step takes at least 10 ms (tests/support/paced_server.py): an answer needs >= 20 s on any
+        # machine, so it cannot finish on its own before Stop is clicked, however fast the machine is.
+        "TEST_DECODE_PACE_S": "0.010",
+    }
+    server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
+    try:
+        with playwright_api.sync_playwright() as playwright:
+            browser = _browser(playwright)
+            page = _open_page(browser, server.url)
+            _open_case(page, load_library(library_folder).cases[0].title)
+            page.fill("#teach-question textarea", "Describe the findings.")
+            page.click("#teach-ask")
+            page.wait_for_function(
+                "() => { const b = document.querySelectorAll('#teach-chat .bot'); "
+                "return b.length > 0 && b[b.length - 1].innerText.trim().length > 10; }",
+                timeout=300_000,
+            )
+            page.evaluate("() => document.getElementById('teach-stop').click()")  # the chat grows under it
+            stopped_at = page.evaluate("() => document.querySelector('#teach-chat').innerText")
+            _wait_slot_free(page, server.url)
+            page.fill("#teach-question textarea", "Is there a pleural effusion?")
+            page.click("#teach-ask")
+            page.wait_for_function(
+                "() => { const b = document.querySelectorAll('#teach-chat .bot'); "
+                "return b.length > 1 && b[b.length - 1].innerText.trim().length > 10; }",
+                timeout=300_000,
+            )
+            completed = _metric(server.url, "medgemma_requests_total")
+            page.evaluate("() => document.getElementById('teach-stop').click()")
+            _wait_slot_free(page, server.url)
+            page.screenshot(path=str(ARTIFACTS / "teaching_stop.png"), full_page=True, timeout=120_000)
+            browser.close()
+    finally:
+        server.stop()
+    assert completed == 0, "the second answer started only after the stopped one had run to its end"
+    assert "Describe the findings." in stopped_at

@@ -1,0 +1,179 @@
+"""teaching.sr, teaching.report_context and teaching.session_export: the DICOM SR round-trips through pydicom;
+the session's CSV and PDF show every case; no export carries an uploaded file's name or a DICOM identifier."""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+
+import numpy as np
+import pydicom
+import pytest
+
+from assistant.report import parse_report
+from demo_model.teaching import structured_report
+from phantoms.films import dicom_bytes, png_bytes, quantize
+from phantoms.findings import sample_labels
+from phantoms.labelled import labelled_phantom
+from teaching.model_read import model_read
+from teaching.report_context import ClinicalContext, TeachingReport
+from teaching.rounds import upload_names
+from teaching.scoring import read_from_labels, score_read
+from teaching.session_export import CaseRecord, session_csv, session_pdf
+from teaching.sr import BASIC_TEXT_SR, sr_bytes
+from teaching.viewer import read_display_film
+
+PATIENT = {"patient_name": "Doe^Jane", "patient_id": "MRN-77123"}
+UPLOAD_NAME = "Doe_Jane_MRN-77123_chest.dcm"
+LIMITS = {"max_pixels": 40_000_000, "max_bytes": 1 << 28}
+
+
+def _identified_film():
+    phantom = labelled_phantom(5)
+    data = dicom_bytes(quantize(phantom.film, 12), bits_stored=12, window=(2048, 4096), pixel_spacing_mm=0.8, **PATIENT)
+    return phantom.labels, *read_display_film(data, **LIMITS)
+
+
+def _report(labels) -> TeachingReport:
+    context = ClinicalContext("Cough and fever.", "None available.", "Repeat the film after treatment.")
+    return TeachingReport(context, parse_report(structured_report(labels)))
+
+
+def _walk(sequence, depth=0):
+    for item in sequence:
+        yield depth, item
+        if "ContentSequence" in item:
+            yield from _walk(item.ContentSequence, depth + 1)
+
+
+def test_the_sr_round_trips_through_pydicom():
+    labels, _, display = _identified_film()
+    report = _report(labels)
+    dataset = pydicom.dcmread(io.BytesIO(sr_bytes(report, display.dicom_identity)))
+    assert dataset.SOPClassUID == BASIC_TEXT_SR and dataset.Modality == "SR"
+    assert dataset.ConceptNameCodeSequence[0].CodeValue == "18748-4" and dataset.ValueType == "CONTAINER"
+    items = list(_walk(dataset.ContentSequence))
+    assert {item.ValueType for _, item in items} == {"CONTAINER", "TEXT"}  # what a Basic Text SR allows
+    assert {item.RelationshipType for _, item in items} == {"CONTAINS"}
+    texts = {item.ConceptNameCodeSequence[0].CodeMeaning: [] for _, item in items}
+    for _, item in items:
+        if item.ValueType == "TEXT":
+            texts[item.ConceptNameCodeSequence[0].CodeMeaning].append(item.TextValue)
+    sections = dict(report.sections())
+    assert texts["Indications for Procedure"] == ["Cough and fever."]
+    assert texts["Procedure Description"] == ["None available."]
+    assert texts["Impression"] == [sections["Impression"]]
+    assert texts["Recommendation"] == ["Repeat the film after treatment."]
+    assert f"Lungs: {sections['Lungs']}" in texts["Finding"] and len(texts["Finding"]) == 7
+    # The SR's findings read back to the same scored read as the model's text.
+    findings_text = "\n".join(texts["Finding"] + [f"Impression: {texts['Impression'][0]}"])
+    assert model_read(findings_text) == model_read(structured_report(labels))
+
+
+def test_the_sr_is_anonymous_unless_the_operator_allows_and_the_film_has_identifiers():
+    labels, _, display = _identified_film()
+    identity = display.dicom_identity
+    assert identity["PatientName"] == "Doe^Jane"
+    anonymous = sr_bytes(_report(labels), identity)
+    dataset = pydicom.dcmread(io.BytesIO(anonymous))
+    assert str(dataset.PatientName) == "" and dataset.PatientID == "" and dataset.AccessionNumber == ""
+    assert dataset.StudyInstanceUID != identity["StudyInstanceUID"]
+    assert "CurrentRequestedProcedureEvidenceSequence" not in dataset
+    for value in identity.values():
+        if value != identity.get("SOPClassUID"):
+            assert value.encode() not in anonymous, value
+    allowed = pydicom.dcmread(io.BytesIO(sr_bytes(_report(labels), identity, include_identifiers=True)))
+    assert str(allowed.PatientName) == "Doe^Jane" and allowed.PatientID == "MRN-77123"
+    assert allowed.StudyInstanceUID == identity["StudyInstanceUID"]
+    evidence = allowed.CurrentRequestedProcedureEvidenceSequence[0].ReferencedSeriesSequence[0]
+    assert evidence.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == identity["SOPInstanceUID"]
+    _, png_display = read_display_film(png_bytes(quantize(labelled_phantom(5).film, 8)), **LIMITS)
+    from_png = pydicom.dcmread(io.BytesIO(sr_bytes(_report(labels), png_display.dicom_identity, True)))
+    assert str(from_png.PatientName) == "" and from_png.PatientID == ""
+
+
+def _records(count: int = 3, notes: str = "") -> list[CaseRecord]:
+    records = []
+    for number in range(count):
+        labels = sample_labels(number)
+        student = read_from_labels(labels)
+        student["cardiothoracic_ratio"] = 0.9  # one field wrong
+        records.append(
+            CaseRecord(
+                title=f"Phantom case {number + 1:02d}",
+                history=f"history line {number + 1}",
+                student_read=student,
+                student_notes=notes,
+                model_read=model_read(structured_report(labels)),
+                model_report=structured_report(labels),
+                key=labels,
+                questions=(("Is there a pleural effusion?", "No pleural effusion."),),
+                teaching_points=("Measure the ratio.",),
+            )
+        )
+    return records
+
+
+def test_the_session_csv_has_one_row_per_case_with_its_scores():
+    records = _records()
+    rows = list(csv.DictReader(io.StringIO(session_csv(records))))
+    assert [row["title"] for row in rows] == ["Phantom case 01", "Phantom case 02", "Phantom case 03"]
+    for row, record in zip(rows, records, strict=True):
+        student = score_read(record.student_read, record.key)
+        model = score_read(record.model_read, record.key)
+        assert row["student_score"].startswith(f"{student.total - 1}/{student.total} ")
+        assert row["model_score"].startswith(f"{model.summary()} ")
+        assert "cardiothoracic ratio: key" in row["marks"] and "student 0.9 WRONG" in row["marks"]
+        assert row["questions_and_answers"] == "Q: Is there a pleural effusion? A: No pleural effusion."
+
+
+@pytest.mark.skipif(not shutil.which("pdftoppm"), reason="poppler-utils (pdftoppm) not installed: setup_env.sh --dev")
+def test_the_pdf_handout_renders_and_names_every_case(tmp_path):
+    pdf = tmp_path / "handout.pdf"
+    pdf.write_bytes(session_pdf(_records()))
+    subprocess.run(["pdftoppm", "-png", "-r", "50", "-f", "1", "-l", "1", str(pdf), str(tmp_path / "page")], check=True)
+    from PIL import Image
+
+    page = np.asarray(Image.open(next(tmp_path.glob("page*.png"))).convert("L"))
+    assert page.shape[0] > page.shape[1] and (page < 128).mean() > 0.01  # A4 portrait, with text on it
+    text = subprocess.run(["pdftotext", str(pdf), "-"], check=True, capture_output=True, text=True).stdout
+    for number in (1, 2, 3):
+        assert f"Case {number}: Phantom case {number:02d}" in text
+
+
+def test_no_export_carries_a_file_name_or_a_dicom_identifier():
+    labels, film, display = _identified_film()
+    forbidden = upload_names(f"/tmp/gradio/abc/{UPLOAD_NAME}") | set(display.dicom_identity.values())
+    typed = "Student wrote: this is Doe Jane, MRN-77123, from Doe_Jane_MRN-77123_chest.dcm"
+    records = [
+        CaseRecord(
+            title="Uploaded film 1",
+            history=typed,
+            student_read=read_from_labels(labels),
+            student_notes=typed,
+            model_read=model_read(structured_report(labels)),
+            key=labels,
+            questions=((typed, "An answer that mentions Doe^Jane."),),
+        )
+    ]
+    report = _report(labels)
+    exports = {
+        "csv": session_csv(records, forbidden).encode(),
+        "pdf": subprocess.run(
+            ["pdftotext", "-", "-"], input=session_pdf(records, forbidden), capture_output=True, check=True
+        ).stdout
+        if shutil.which("pdftotext")
+        else session_pdf(records, forbidden),
+        "sr": sr_bytes(report, display.dicom_identity),
+        "markdown": report.markdown().encode(),
+        "json": report.to_json().encode(),
+    }
+    needles = ["Doe^Jane", "Doe Jane", "MRN-77123", UPLOAD_NAME, "Doe_Jane_MRN-77123_chest"]
+    needles += [v for k, v in display.dicom_identity.items() if k != "SOPClassUID"]
+    for name, data in exports.items():
+        lowered = data.lower()
+        for needle in needles:
+            assert needle.lower().encode() not in lowered, (name, needle)
+    assert b"[removed]" in exports["csv"]

@@ -1,0 +1,120 @@
+"""teaching.viewer: the film's own values and window, presets, invert, zoom and pan, and the ruler and calliper
+in millimetres from the DICOM pixel spacing ("uncalibrated" without it)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from phantoms.films import dicom_bytes, png_bytes, quantize
+from phantoms.labelled import labelled_phantom
+from teaching.viewer import (
+    PRESETS,
+    ViewState,
+    click,
+    measurement_text,
+    read_display_film,
+    render_view,
+    view_crop,
+    windowed,
+)
+
+LIMITS = {"max_pixels": 40_000_000, "max_bytes": 1 << 28}
+FILM = labelled_phantom(1).film
+
+
+def _dicom(**kwargs):
+    options = {"bits_stored": 12, "window": (1800, 3000), "pixel_spacing_mm": 0.5, **kwargs}
+    stored = quantize(FILM, 12)
+    if options.get("photometric") == "MONOCHROME1":
+        stored = (4095 - stored).astype(np.uint16)
+    return read_display_film(dicom_bytes(stored, **options), **LIMITS)[1]
+
+
+def test_dicom_values_and_window_come_from_the_file():
+    film = _dicom(rescale=(2.0, -1000.0))
+    assert film.default_window == (1800.0, 3000.0) and film.pixel_spacing_mm == (0.5, 0.5)
+    expected = quantize(FILM, 12).astype(np.float32) * 2 - 1000  # the Modality LUT applied, nothing stretched
+    assert np.array_equal(film.values, expected)
+
+
+def test_monochrome1_is_shown_bright_where_attenuating():
+    # The same film stored inverted, with its window in its own (inverted) stored values, as a MONOCHROME1 file is.
+    plain, inverted = _dicom(), _dicom(photometric="MONOCHROME1", window=(4095 - 1800, 3000))
+    state_plain, state_inverted = ViewState.initial(plain), ViewState.initial(inverted)
+    picture_plain, _ = render_view(plain, state_plain)
+    picture_inverted, _ = render_view(inverted, state_inverted)
+    assert np.abs(picture_plain.astype(int) - picture_inverted.astype(int)).max() <= 1
+
+
+def test_png_keeps_its_8_or_16_bits():
+    eight = read_display_film(png_bytes(quantize(FILM, 8)), **LIMITS)[1]
+    sixteen = read_display_film(png_bytes(quantize(FILM, 16)), **LIMITS)[1]
+    assert (eight.bits, eight.default_window, eight.pixel_spacing_mm) == (8, (128.0, 256.0), None)
+    assert sixteen.bits == 16 and np.array_equal(sixteen.values, quantize(FILM, 16).astype(np.float32))
+
+
+def test_presets_are_fractions_of_the_default_window_and_change_the_pixels():
+    film = _dicom()
+    state = ViewState.initial(film)
+    pictures = {"file": render_view(film, state)[0].astype(int)}
+    for name, (fraction_centre, fraction_width) in PRESETS.items():
+        centre, width = film.preset(name)
+        assert (centre, width) == pytest.approx((300 + fraction_centre * 3000, fraction_width * 3000))
+        pictures[name] = render_view(film, state.with_window(centre, width))[0].astype(int)
+        assert np.abs(pictures[name] - pictures["file"]).mean() > 5, name
+    with pytest.raises(ValueError, match="unknown preset 'soft'; choose from file, lung, mediastinum, bone"):
+        film.preset("soft")
+
+
+def test_window_level_and_invert_map_values_linearly():
+    values = np.array([[0, 100, 150, 200, 300]], dtype=np.float32)
+    assert windowed(values, 150, 100).tolist() == [[0, 0, 127, 255, 255]]
+    assert windowed(values, 150, 100, invert=True).tolist() == [[255, 255, 128, 0, 0]]
+
+
+def test_zoom_and_pan_show_the_film_point_clicked():
+    film = _dicom()
+    state = ViewState.initial(film).zoomed(4).with_tool("pan")
+    rows, cols = film.shape
+    crop = view_crop(film.shape, state)
+    assert crop.height == pytest.approx(rows / 4) and crop.width == pytest.approx(cols / 4)
+    target = crop.to_view(rows * 0.4, cols * 0.45)  # a point inside the zoomed view
+    panned = click(film, state, *target)
+    assert panned.focus == pytest.approx((0.4, 0.45), abs=1e-3)
+    assert ViewState.initial(film).zoomed(100).zoom == 8.0 and ViewState.initial(film).zoomed(0.1).zoom == 1.0
+
+
+def test_the_ruler_reads_millimetres_from_the_pixel_spacing():
+    film = _dicom(pixel_spacing_mm=0.78125)
+    state = ViewState.initial(film)
+    crop = view_crop(film.shape, state)
+    for row in (100, 400):
+        state = click(film, state, *crop.to_view(row, 200))
+    assert measurement_text(film, state) == "Ruler: 234.4 mm (300.0 px at 0.7812 mm/px)."
+    zoomed = ViewState.initial(film).zoomed(2)
+    crop = view_crop(film.shape, zoomed)
+    for row in (200, 300):
+        zoomed = click(film, zoomed, *crop.to_view(row, 200))
+    assert measurement_text(film, zoomed).startswith("Ruler: 78.1 mm")
+
+
+def test_without_pixel_spacing_the_ruler_says_uncalibrated():
+    film = read_display_film(png_bytes(quantize(FILM, 8)), **LIMITS)[1]
+    state = ViewState.initial(film)
+    crop = view_crop(film.shape, state)
+    for row in (100, 200):
+        state = click(film, state, *crop.to_view(row, 100))
+    assert measurement_text(film, state) == "Ruler: 100.0 px (uncalibrated: the film records no pixel spacing)."
+
+
+def test_the_ctr_calliper_divides_the_heart_by_the_thorax():
+    film = _dicom(pixel_spacing_mm=0.5)
+    state = ViewState.initial(film).with_tool("ctr")
+    crop = view_crop(film.shape, state)
+    assert "click the heart: right border (1 of 4)" in measurement_text(film, state)
+    for col in (150, 270, 50, 350):
+        state = click(film, state, *crop.to_view(300, col))
+    assert measurement_text(film, state) == "CTR calliper: cardiothoracic ratio 0.40 (heart 6.0 cm, thorax 15.0 cm)."
+    state = click(film, state, *crop.to_view(300, 10))  # a fifth click starts over
+    assert len(state.points) == 1
