@@ -55,7 +55,7 @@ def badge_markdown(service) -> str:
     )
     breaker = service.breaker.snapshot()
     if breaker.state == "open":
-        text += f"\n\n⚠️ **TensorRT disabled by the circuit breaker** ({breaker.last_failure}); serving on PyTorch."
+        text += f"\n\n⚠️ **Engine bundle disabled by the circuit breaker** ({breaker.last_failure}); serving on PyTorch."
     if info.is_demo:
         notice = info.demo_notice or DEMO_NOTICE
         text += f"\n\n⚠️ **{notice}** Set MODEL_PATH to a local MedGemma for real films."

@@ -8,7 +8,9 @@ The bundle is built in a staging folder beside --output_path and moved into plac
 verification; an existing output is replaced (atomically) only with --overwrite, and a failed build leaves it
 as it was. Impossible requests (a precision no executor here can verify, fp8 for GPUs that cannot run it, shapes
 out of range, too few films) are refused before any work starts.
-Exit status: 0 built; 1 a step failed (the message says which and why); 2 refused before any work.
+Exit status: 0 built; 1 a step failed (the message says which and why); 2 refused before any work: a
+configuration error (missing model, empty or missing --calib_images, too few films, an impossible precision or
+shape, an existing output, a corrupt --from_onnx bundle) that running again unchanged cannot fix.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def parse_args(argv):
     parser.add_argument("--verify_tokens", type=int, default=16, help="greedy tokens compared with PyTorch")
     parser.add_argument("--min_cosine", type=float, default=0.99)
     parser.add_argument("--min_token_agreement", type=float, default=0.9)
+    parser.add_argument(
+        "--min_long_token_agreement",
+        type=float,
+        default=0.9,
+        help="greedy agreement with PyTorch on the long multi-turn case (>= 1,536 tokens where --max_seq_len allows)",
+    )
     parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
     parser.add_argument(
         "--max_logprob_delta",
@@ -68,7 +76,12 @@ def parse_args(argv):
     )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where PyTorch runs")
     parser.add_argument("--keep_fp32_onnx", action="store_true")
-    parser.add_argument("--from_onnx", type=Path, help="finish an ONNX-only bundle: build its engines with --target")
+    parser.add_argument(
+        "--from_onnx",
+        type=Path,
+        help="finish an ONNX-only bundle: build its engines with --target; where they run here, verify them "
+        "against PyTorch (--calib_images: the bundle's own films; --model_path: default its recorded checkpoint)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output_path (atomically)")
     parser.add_argument(
         "--allow_few_films",
@@ -78,29 +91,56 @@ def parse_args(argv):
     parser.add_argument(
         "--compute_capabilities", help="TensorRT-RTX targets, e.g. SM89,SM120 (default: all; fp8: SM89+)"
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.calib_images_given = any(part.startswith("--calib_images") for part in (argv or sys.argv[1:]))
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
-    from engine_build.calibration import TooFewFilmsError
-    from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line, finish_from_onnx
+    from engine_build.calibration import CalibrationInputError, TooFewFilmsError
+    from engine_build.finish import finish_from_onnx
+    from engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line
     from engine_build.precision import PrecisionRefusedError
     from engine_build.staging import OutputExistsError
     from engine_bundle.manifest import ManifestError
     from pytorch_backend.checkpoint import CheckpointError
 
-    refusals = (BuildRefusedError, PrecisionRefusedError, OutputExistsError, TooFewFilmsError, CheckpointError)
+    refusals = (
+        BuildRefusedError,
+        PrecisionRefusedError,
+        OutputExistsError,
+        TooFewFilmsError,
+        CheckpointError,
+        CalibrationInputError,
+    )
     try:
         if args.from_onnx:
             if args.target in ("auto", "none"):
                 logger.error("--from_onnx needs --target tensorrt or --target tensorrt-rtx")
                 return 2
+            calib_images = args.calib_images if args.calib_images_given else None
             manifest = finish_from_onnx(
-                args.from_onnx, args.target, args.workspace_gib, args.compute_capabilities, command=command_line()
+                args.from_onnx,
+                args.target,
+                args.workspace_gib,
+                args.compute_capabilities,
+                command=command_line(),
+                calib_images=calib_images,
+                model_path=args.model_path,
+                device=args.device,
             )
-            print(f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}")
+            verified = manifest["accuracy"]["plans_verified"]
+            print(
+                f"engines built with {args.target} {manifest['tensorrt']['version']} into {args.from_onnx}; "
+                + (
+                    f"verified on the plans (token agreement {manifest['accuracy']['token_agreement_mean']:.2f})"
+                    if verified
+                    else "the plans cannot run here and were not verified (plans_verified: false): serving them "
+                    "needs ALLOW_UNVERIFIED_PLANS=1, or finish the bundle on the GPU that runs them"
+                )
+            )
             return 0
         if args.output_path is None:
             logger.error("--output_path is required")
@@ -133,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             thresholds={
                 "min_cosine": args.min_cosine,
                 "min_token_agreement": args.min_token_agreement,
+                "min_long_token_agreement": args.min_long_token_agreement,
                 "max_logprob_delta": args.max_logprob_delta,
                 "max_kl": args.max_kl,
             },
@@ -145,9 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     except refusals as exc:  # nothing was written: say what to change
         logger.error("refused before any work: %s", exc)
         return 2
-    except ManifestError as exc:
+    except ManifestError as exc:  # --from_onnx on a bundle that is not a finished, intact one
         logger.error("engine build refused: %s", exc)
-        return 1
+        return 2
     except Exception as exc:  # every failure: one clear line, non-zero exit
         logger.debug("build failed", exc_info=True)
         logger.error("engine build failed: %s: %s", type(exc).__name__, exc)

@@ -1,5 +1,7 @@
 """Calibration inputs: films through exactly the serving preprocessing, plus teaching-round questions.
 
+No numpy at import: optimize_trt_engine.py imports this module's errors before refusing a build, in a second.
+
 ModelOpt suggests 128-512 samples; 50 films is the floor below which INT8 scales are poorly estimated.
 """
 
@@ -10,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from engine_bundle.gate import MIN_HELD_OUT_FILMS, held_out_count
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,10 @@ CALIBRATION_QUESTIONS = (
     "Is there consolidation, and in which lobe?",
     "Write a structured report with findings and impression.",
 )
+
+
+class CalibrationInputError(ValueError):
+    """--calib_images is not a folder, or holds no readable film: a configuration error (exit 2)."""
 
 
 @dataclass
@@ -64,7 +70,7 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"--calib_images {folder} is not a folder of films")
+        raise CalibrationInputError(f"--calib_images {folder} is not a folder of films")
     files = sorted(
         p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix not in (".md", ".txt")
     )
@@ -85,7 +91,11 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
         if is_synthetic(data):
             synthetic.append(name)
     if not images:
-        raise ValueError(f"no usable films in {folder} ({len(skipped)} files skipped: {'; '.join(skipped[:5])})")
+        raise CalibrationInputError(
+            f"no usable films in --calib_images {folder} ({len(files)} files, {len(skipped)} skipped"
+            + (f": {'; '.join(skipped[:5])}" if skipped else "")
+            + "). Put de-identified PA chest films (DICOM, PNG or JPEG) there; see calib_dataset/README.md."
+        )
     if synthetic:
         logger.warning(
             "calibration: %d of %d films are SYNTHETIC phantoms (their metadata says so): fine for a pipeline test, "
@@ -118,11 +128,26 @@ def require_enough_films(films: CalibrationSet, allow_few: bool, minimum: int = 
     )
 
 
-def split_held_out(films: CalibrationSet, fraction: float = 0.1, minimum: int = 2) -> tuple[list, list]:
-    """Last films are held out for verification and never used to calibrate."""
-    held = max(minimum, int(round(len(films.images) * fraction)))
-    if len(films.images) <= held:
-        raise ValueError(f"need more than {held} films to hold {held} out for verification; got {len(films.images)}")
+class TooFewHeldOutError(TooFewFilmsError):
+    """Too few films to hold out enough for the accuracy gate and still calibrate on the rest."""
+
+
+def require_held_out(films: CalibrationSet) -> None:
+    """The gate's held-out set must be large enough to judge (engine_bundle.gate.MIN_HELD_OUT_FILMS), for every
+    precision and with or without --allow_few_films; and at least as many films must remain to calibrate on."""
+    held = held_out_count(len(films.images))
+    if len(films.images) < 2 * held:
+        raise TooFewHeldOutError(
+            f"{len(films.images)} films: the accuracy gate holds out {held} (10%, at least {MIN_HELD_OUT_FILMS}: "
+            f"fewer is too few to judge a precision) and calibrates on the rest, which needs at least {2 * held} "
+            "films. Add films to --calib_images."
+        )
+
+
+def split_held_out(films: CalibrationSet) -> tuple[list, list]:
+    """The last held_out_count(n) films are held out for verification and never used to calibrate."""
+    require_held_out(films)
+    held = held_out_count(len(films.images))
     return films.images[:-held], films.images[-held:]
 
 
@@ -138,8 +163,8 @@ class RecordingSequence:
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask):
         feed = {
-            "inputs_embeds": inputs_embeds.astype(np.float32),
-            "position_ids": position_ids.astype(np.int64),
+            "inputs_embeds": inputs_embeds.astype("float32"),
+            "position_ids": position_ids.astype("int64"),
             "full_mask": full_mask,
             "sliding_mask": sliding_mask,
             **self.inner.past_feeds(inputs_embeds.shape[0]),
@@ -154,9 +179,7 @@ class RecordingSequence:
         self.inner.close()
 
 
-def record_decoder_feeds(
-    fp32_backend, images: list, decode_steps: int, progress=None
-) -> tuple[list[dict], list[np.ndarray]]:
+def record_decoder_feeds(fp32_backend, images: list, decode_steps: int, progress=None) -> tuple[list[dict], list]:
     """Run the fp32 bundle over films x questions; return decoder feeds and vision inputs for calibration."""
     from engine_build.comparison import generate_steps
     from inference_api.types import ChatTurn, GenerationRequest

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine_build.precision import BuildPlan, parse_compute_capabilities, plan_build
-from engine_build.staging import clone_bundle, discard, make_staging_dir, publish, refuse_existing_output
+from engine_build.staging import discard, make_staging_dir, publish, refuse_existing_output
 from engine_build.task_gate import DEFAULT_MAX_F1_DROP, DEFAULT_TASK_PHANTOMS, DEFAULT_TASK_SEED, table
-from engine_bundle.integrity import seal, verify_bundle
-from engine_bundle.manifest import read_manifest, write_manifest
+from engine_bundle.integrity import seal
+from engine_bundle.manifest import write_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,8 @@ def prepare(options: BuildOptions) -> BuildPlan:
     refuse_existing_output(options.output_path, options.overwrite)
     describe_checkpoint(options.model_path)
     check_shapes(options.model_path, options.max_seq_len, options.max_batch, options.verify_tokens)
-    gpu, why_no_gpu = probe_cuda_gpu(0)
+    # --target none builds no plans: no GPU to ask about (the probe imports CUDA's bindings: a refusal stays fast).
+    gpu, why_no_gpu = (None, "--target none") if options.target == "none" else probe_cuda_gpu(0)
     capabilities = parse_compute_capabilities(options.compute_capabilities)
     plan = plan_build(options.precision, options.target, capabilities, gpu, why_no_gpu)
     logger.info(
@@ -123,11 +124,12 @@ def prepare(options: BuildOptions) -> BuildPlan:
 
 def build_bundle(options: BuildOptions) -> dict:
     """Build into a staging folder beside the output; publish only a verified bundle. Returns its manifest."""
-    from engine_build.calibration import load_calibration_films, require_enough_films
+    from engine_build.calibration import load_calibration_films, require_enough_films, require_held_out
 
     plan = prepare(options)
     films = load_calibration_films(options.calib_images)
     require_enough_films(films, options.allow_few_films)
+    require_held_out(films)
     staging = make_staging_dir(options.output_path)
     logger.info("building in %s; %s is replaced only once the bundle passed verification", staging, options.output_path)
     try:
@@ -278,7 +280,9 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
             write_manifest(out, manifest)
             bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
             try:
-                figures = measure_accuracy(reference, bundle, held_out, tokens=options.verify_tokens)
+                figures = measure_accuracy(
+                    reference, bundle, held_out, tokens=options.verify_tokens, max_sequence=options.max_seq_len
+                )
                 logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
                 task = measure_task_accuracy(
                     reference, bundle, options.task_phantoms, options.task_seed, options.max_f1_drop
@@ -383,39 +387,6 @@ def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, plan: BuildPlan, w
         "compute_capability": capability,
         "hardware_compatibility": "NONE",
     }
-
-
-def finish_from_onnx(
-    bundle: Path, target: str, workspace_gib: float, compute_capabilities: str | None = None, command: str = ""
-) -> dict:
-    """Build engines for a verified ONNX-only bundle (made where TensorRT was absent); replace it atomically."""
-    from trt_inference.runtime.cuda_memory import probe_cuda_gpu
-
-    bundle = Path(bundle)
-    manifest = read_manifest(bundle)
-    verify_bundle(bundle, manifest)  # only a bundle that passed its gate, with its files intact, is finished
-    gpu, why_no_gpu = probe_cuda_gpu(0)
-    plan = plan_build(manifest["precision"], target, parse_compute_capabilities(compute_capabilities), gpu, why_no_gpu)
-    staging = make_staging_dir(bundle)
-    try:
-        clone_bundle(bundle, staging)
-        onnx_dir = staging / "onnx" / manifest["precision"]
-        engines, trt_record = build_engines(staging, onnx_dir, manifest["shapes"], plan, workspace_gib)
-        for graph in GRAPHS:
-            manifest["graphs"][graph]["engine"] = engines[graph]
-        manifest["tensorrt"] = trt_record
-        build = manifest.setdefault("build", {})
-        build["commands"] = [*(build.get("commands") or [build.get("command", "")]), command]
-        build["command"] = command
-        # The gate was measured on the ONNX graphs; these plans have not been run. Say so in the record.
-        manifest["accuracy"]["plans_verified"] = False
-        manifest = seal(staging, manifest)
-        write_manifest(staging, manifest)
-        publish(staging, bundle, overwrite=True)
-    except BaseException:
-        discard(staging)
-        raise
-    return manifest
 
 
 def command_line() -> str:

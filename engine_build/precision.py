@@ -3,9 +3,9 @@
 A precision is built only where some executor can run it for the accuracy check:
 - the plans themselves, with the TensorRT executor, where the target's plans run on this host's GPU;
 - otherwise the bundle's ONNX graphs in ONNX Runtime on the CPU: fp32 and int8 as they are, fp16 with
-  ORT_ENABLE_EXTENDED (ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16 graphs), fp8 with
-  ORT_ENABLE_BASIC (higher levels fuse Q/DQ into MatMulIntegerToFloat, which rejects float8). bf16 has no CPU
-  kernels (Expand, among others), so a bf16 build needs the plans to run here.
+  ORT_ENABLE_EXTENDED (ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16 graphs). bf16 has no CPU
+  kernels (Expand, among others), and fp8 on the CPU is an emulation that says nothing about FP8 plans, so both
+  are built only where their plans run here, and refused up front elsewhere.
 fp8 needs compute capability 8.9 or newer (Ada, Hopper, Blackwell).
 """
 
@@ -18,7 +18,9 @@ from engine_build.builder import FP8_RTX_COMPUTE_CAPABILITIES, RTX_COMPUTE_CAPAB
 from engine_bundle.names import TARGET_MODULES
 
 PRECISIONS = ("int8", "fp8", "fp16", "bf16", "fp32")
-ONNXRUNTIME_CPU_PRECISIONS = ("fp32", "int8", "fp16", "fp8")
+# fp8 is not among them: ONNX Runtime's CPU emulation of FP8 Q/DQ says nothing about how FP8 plans run (FP8 GEMM
+# kernels and their accumulation differ), so fp8 is built only where its plans run and are verified themselves.
+ONNXRUNTIME_CPU_PRECISIONS = ("fp32", "int8", "fp16")
 FP8_MIN_CAPABILITY = (8, 9)
 BF16_MIN_CAPABILITY = (8, 0)
 
@@ -129,9 +131,15 @@ def plan_build(
         where = f"TensorRT-RTX plans cannot run on this host: {detail}"
     reason = f"the bundle's ONNX graphs in ONNX Runtime on the CPU; {where}"
     if precision not in ONNXRUNTIME_CPU_PRECISIONS:
+        why = (
+            "ONNX Runtime's CPU provider only emulates FP8 Q/DQ, which says nothing about FP8 plans"
+            if precision == "fp8"
+            else f"ONNX Runtime's CPU provider has no {precision} kernels"
+        )
+        gpu_needed = "compute capability 8.9 or newer" if precision == "fp8" else "compute capability 8.0 or newer"
         raise PrecisionRefusedError(
-            f"{precision} cannot be verified on this host: ONNX Runtime's CPU provider has no {precision} kernels, "
-            f"and {where}. Build {precision} on a GPU host with --target tensorrt, where the plans themselves are "
-            "verified, or build fp16 or int8 here."
+            f"{precision} cannot be verified on this host: {why}, and {where}. Build {precision} on a GPU host "
+            f"({gpu_needed}) with --target tensorrt, where the plans themselves are verified, or build fp16 or "
+            "int8 here."
         )
     return BuildPlan(precision, resolved, capabilities, "onnxruntime-cpu", reason)

@@ -1,9 +1,13 @@
 """What ties a manifest to its bundle: a hash of every file, recorded at build time and checked before serving.
 
-A bundle serves only if (1) its accuracy gate passed, (2) the manifest is the one the build sealed (a digest over
+A bundle serves only if (1) its accuracy gate passed, and its recorded figures pass its recorded thresholds, (2) the manifest is the one the build sealed (a digest over
 its whole content: editing the weight hash, the precision or the accuracy figures breaks it), and (3) every
 recorded file (plans, ONNX graphs and their external data, tokenizer and processor files) is there with the
 recorded size and SHA-256. Every refusal names the file and the command that rebuilds the bundle.
+
+What the seal is: a plain SHA-256, not a signature. It catches accidents (a truncated copy, a file replaced by
+another build's, a hand-edited manifest); it cannot stop someone with write access to the bundle, who can edit a
+file and seal it again. Protect bundles with file permissions, as the checkpoint itself.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine_bundle.gate import recorded_failures
 from engine_bundle.manifest import FORMAT_VERSION, MANIFEST_NAME, ManifestError, rebuild_command
 
 logger = logging.getLogger(__name__)
@@ -105,6 +110,13 @@ def check_accuracy_gate(bundle_dir: Path, manifest: dict) -> None:
             f"{bundle_dir} failed its accuracy check against PyTorch ({failures}, measured on "
             f"{accuracy.get('executor', 'an unknown executor')}), so it must not answer questions. "
             f"Try another precision or more calibration films. Rebuild it: {rebuild}"
+        )
+    failures = recorded_failures(accuracy)
+    if failures:
+        raise BundleRefusedError(
+            f"{bundle_dir}: its recorded accuracy figures do not pass its own recorded thresholds "
+            f"({'; '.join(failures)}), although the record says passed: true (a build from an older version, or an "
+            f"edited record), so it must not answer questions. Rebuild it: {rebuild}"
         )
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from engine_bundle.gate import UNVERIFIED_NOTICE
 from inference_api.errors import RequestError
 
 SYSTEM_PROMPT = "You are an expert radiologist."
@@ -90,10 +91,28 @@ class BackendInfo:
     is_demo: bool
     details: dict[str, Any] = field(default_factory=dict)
     demo_notice: str | None = None  # the demo checkpoint's own words on what it is (shown in the UI's badge)
+    executor_note: str = ""  # why an engine bundle runs on this executor, e.g. "no TensorRT plans in this bundle"
+    unverified_reason: str = ""  # set only when served by the operator's ALLOW_UNVERIFIED_PLANS=1 override
 
     @property
     def mode_label(self) -> str:
-        return self.mode.label
+        """What serves, in words, for every status surface (UI badge, status lines, log): "TensorRT" only where
+        TensorRT executes the plans; otherwise the executor that runs, and why."""
+        label = self.mode.label
+        if self.mode is Mode.TRT and self.executor != "tensorrt":
+            label = f"Engine bundle on {self.executor}, not TensorRT"
+            label += f" ({self.executor_note})" if self.executor_note else ""
+        if self.unverified_reason:
+            label += f" [{UNVERIFIED_NOTICE}]"
+        return label
+
+    @property
+    def engine_summary(self) -> str:
+        """Precision, executor and why, for the `TRT Engine: Loaded (...)` line: INT8, executor onnxruntime-cpu:
+        no TensorRT plans in this bundle."""
+        text = f"{self.precision.upper()}, executor {self.executor}"
+        text += f": {self.executor_note}" if self.executor_note else ""
+        return text + (f"; {UNVERIFIED_NOTICE}" if self.unverified_reason else "")
 
 
 @dataclass

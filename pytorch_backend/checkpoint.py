@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine_bundle.defaults import DEMO_NOTICE
+from engine_bundle.identity import weights_sha256  # noqa: F401 (one hash rule, shared with the runtime)
 
 DEMO_MARKER = "demo_checkpoint.json"
 
@@ -45,14 +45,3 @@ def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
         return CheckpointDescription(model_dir, description["model_id"], True, notice)
     model_id = config.get("_name_or_path") or model_dir.name
     return CheckpointDescription(model_dir, str(model_id), False)
-
-
-def weights_sha256(model_dir: str | Path) -> str:
-    """One hash over every safetensors shard, in name order: the engine manifest's record of the weights."""
-    digest = hashlib.sha256()
-    for shard in sorted(Path(model_dir).glob("*.safetensors")):
-        digest.update(shard.name.encode())
-        with shard.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Show whether the server runs and what it serves. Usage: status_gradio.sh [--json]   (--json: always JSON)
+# Show whether the server runs and what it serves: the mode, and for an engine bundle the executor that runs it
+# (TensorRT, or onnxruntime-cpu and why) and whether its accuracy was measured there.
+# Usage: status_gradio.sh [--json]   (--json: always JSON)
 # Exit status (LSB, plus one application code):
 #   0 running        1 dead, with a stale PID file        3 stopped        4 unknown: this user may not look
 #   150 starting: the process lives but its control channel does not answer (loading the model, or hung)

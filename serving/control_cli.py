@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from engine_bundle.defaults import DEMO_NOTICE
+from engine_bundle.gate import UNVERIFIED_NOTICE
 from inference_api.types import Mode
 from serving.control import send_command
 
@@ -47,7 +48,7 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Status: running (PID {pid if pid else '?'}, uptime {_duration(status['uptime_s'])})",
         f"URL: {status['url']}",
         f"Ready: {'yes' if status['ready'] else 'no (warming up)'}",
-        f"Inference Mode: {mode_label(status['mode'])}",
+        f"Inference Mode: {status.get('mode_label') or mode_label(status['mode'])}",
         f"TRT Engine: {status['trt_engine']}",
         f"Executor: {backend.get('executor', 'n/a')}",
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
@@ -56,20 +57,24 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Device: {backend.get('device', 'n/a')}",
     ]
     measured_on = (backend.get("details") or {}).get("accuracy_measured_on")
-    if measured_on:
+    if backend.get("unverified_reason"):
+        lines.append(
+            f"Engine accuracy: {UNVERIFIED_NOTICE} ({backend['unverified_reason']}); served by ALLOW_UNVERIFIED_PLANS=1"
+        )
+    elif measured_on:
         lines.append(f"Engine accuracy measured on: {measured_on}")
     switch = status.get("last_switch")
     if switch:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))
         lines.append(
-            f"Last switch: {mode_label(switch['source'])} -> "
-            f"{mode_label(switch['target'])} at {when} ({switch['reason']}); "
+            f"Last switch: {switch.get('source_label') or mode_label(switch['source'])} -> "
+            f"{switch.get('target_label') or mode_label(switch['target'])} at {when} ({switch['reason']}); "
             f"interruption {_ms(switch['interruption_s'])}, load {switch['load_s']:.2f} s"
         )
     else:
         lines.append("Last switch: none")
     breaker = status["breaker"]
-    line = f"Circuit breaker: {breaker['state']} ({breaker['consecutive_failures']}/{breaker['threshold']} consecutive TensorRT failures"
+    line = f"Circuit breaker: {breaker['state']} ({breaker['consecutive_failures']}/{breaker['threshold']} consecutive engine failures"
     line += f", {breaker['trips']} trips)"
     if breaker["state"] == "open":
         line += f"; fell back to PyTorch: {breaker['last_failure']}"
@@ -149,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.command == "switch":
         record, status = reply["switch"], reply["status"]
-        print(f"Inference Mode: {mode_label(status['mode'])}")
+        print(f"Inference Mode: {status.get('mode_label') or mode_label(status['mode'])}")
         print(f"TRT Engine: {status['trt_engine']}")
         print(
             f"Switch: {record['reason']}; load {record['load_s']:.2f} s, interruption {_ms(record['interruption_s'])}"

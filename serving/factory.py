@@ -49,6 +49,8 @@ def create_backend(mode: Mode | str, settings: Settings, preloaded: Any = None) 
         settings.engine_path,
         sequence_slots=settings.kv_slots,
         max_resident_conversations=settings.max_resident_conversations,
+        served_model=settings.resolved_model_path,  # the bundle must be built from the model PyTorch serves
+        allow_unverified_plans=settings.allow_unverified_plans,
     )
 
 

@@ -56,6 +56,13 @@ class ServiceMetrics:
             "medgemma_switch_interruption_seconds", "Longest wait caused by the last switch", registry=self.registry
         )
         self.ready = Gauge("medgemma_ready", "1 when a warmed-up backend serves", registry=self.registry)
+        self.backend = Gauge(
+            "medgemma_backend_info",
+            "1 for what serves: the mode, the executor that runs it (TensorRT only where TensorRT executes), "
+            "its precision, and whether its accuracy was measured on that executor",
+            ["mode", "executor", "precision", "accuracy_verified"],
+            registry=self.registry,
+        )
         # vLLM's names (the model_name label carries the serving mode here).
         self.vllm_ttft = Histogram(
             "vllm:time_to_first_token_seconds",
@@ -96,6 +103,12 @@ class ServiceMetrics:
         self.requests_running.set_function(running)
         self.vllm_waiting.set_function(waiting)
         self.vllm_running.set_function(running)
+
+    def set_backend(self, info) -> None:
+        """One series, for the backend that serves now (a BackendInfo); the previous one is removed."""
+        self.backend.clear()
+        verified = "false" if info.unverified_reason else "true"
+        self.backend.labels(str(info.mode), info.executor, info.precision, verified).set(1)
 
     def bind_cache_stats(self, cache_stats) -> None:
         """A callable returning the serving backend's InferenceBackend.cache_stats() (or None), read at scrape."""

@@ -44,6 +44,8 @@ class SwitchRecord:
     swap_s: float  # how long the reference swap held the state lock
     max_wait_s: float  # longest any request waited for a backend while the switch ran
     reason: str
+    source_label: str = ""  # what served and serves, in words (BackendInfo.mode_label: names the executor)
+    target_label: str = ""
 
     @property
     def interruption_s(self) -> float:
@@ -104,6 +106,7 @@ class InferenceService:
         served = self._load(self.settings.inference_mode)
         with self._state:
             self._current = served
+        self.metrics.set_backend(served.backend.info())
         self.ready.set()
         self.metrics.ready.set(1)
 
@@ -218,7 +221,9 @@ class InferenceService:
                 raise
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {one_line(exc)}"
-                logger.error("TensorRT path failed (%s); answering this request on PyTorch", reason)
+                logger.error(
+                    "%s failed (%s); answering this request on PyTorch", served.backend.info().mode_label, reason
+                )
                 self.metrics.errors.labels(
                     "tensorrt_timeout" if isinstance(exc, AnswerTimeoutError) else "tensorrt"
                 ).inc()
@@ -283,6 +288,7 @@ class InferenceService:
             if self._closed:
                 raise SwitchError(f"cannot switch to {target.label}: the service is shutting down")
             source = self.mode
+            source_label = _label(self.info(), source)
             if target is source:
                 if target is Mode.TRT:
                     self.breaker.reset()
@@ -317,14 +323,26 @@ class InferenceService:
             finally:
                 with self._state:
                     max_wait, self._switch_started = self._switch_max_wait, None
-            record = SwitchRecord(str(source or ""), str(target), time.time(), load_s, swap_s, max_wait, reason)
+            target_info = served.backend.info()
+            record = SwitchRecord(
+                str(source or ""),
+                str(target),
+                time.time(),
+                load_s,
+                swap_s,
+                max_wait,
+                reason,
+                source_label,
+                target_info.mode_label,
+            )
             self.last_switch = record
+            self.metrics.set_backend(target_info)
             self.metrics.switches.labels(str(target)).inc()
             self.metrics.switch_interruption.set(record.interruption_s)
             logger.info(
                 "switched %s -> %s (%s): load %.2f s, interruption %.3f ms",
-                source.label if source else "none",
-                target.label,
+                source_label,
+                record.target_label,
                 reason,
                 load_s,
                 record.interruption_s * 1e3,
@@ -404,9 +422,10 @@ class InferenceService:
                 self._set_trt_state(f"Failed ({one_line(exc)})")
             logger.error("could not load the %s backend: %s", mode.label, one_line(exc))
             raise
+        info = backend.info()
         if mode is Mode.TRT:
-            self._set_trt_state(f"Loaded ({backend.info().precision.upper()})")
-        logger.info("%s backend ready in %.2f s", mode.label, time.perf_counter() - started)
+            self._set_trt_state(f"Loaded ({info.engine_summary})")
+        logger.info("%s backend ready in %.2f s", info.mode_label, time.perf_counter() - started)
         settings = self.settings
         scheduler = Scheduler(
             backend,
@@ -420,7 +439,7 @@ class InferenceService:
     def _trip(self, reason: str) -> None:
         self.metrics.breaker_trips.inc()
         logger.error(
-            "circuit breaker tripped after %d consecutive TensorRT failures (last: %s); falling back to PyTorch",
+            "circuit breaker tripped after %d consecutive engine failures (last: %s); falling back to PyTorch",
             self.breaker.threshold,
             reason,
         )
@@ -461,7 +480,7 @@ class InferenceService:
             "ready": self.ready.is_set(),
             "url": f"http://{self.settings.host}:{self.settings.port}",
             "mode": str(mode) if mode else None,
-            "mode_label": mode.label if mode else "none",
+            "mode_label": _label(info, mode),
             "trt_engine": trt_state,
             "backend": {**asdict(info), "mode": str(info.mode)} if info else None,
             "standby": standby,
@@ -481,3 +500,8 @@ class InferenceService:
 def _copy_stats(source: GenerationStats, target: GenerationStats) -> None:
     for name, value in vars(source).items():
         setattr(target, name, value)
+
+
+def _label(info: BackendInfo | None, mode: Mode | None) -> str:
+    """What serves, in words: the backend's own label (it names the executor), else the mode's."""
+    return info.mode_label if info is not None else (mode.label if mode else "none")

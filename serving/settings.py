@@ -40,6 +40,9 @@ class Settings:
     model_path: Path | None = None  # None: the bundled demo checkpoint
     engine_path: Path | None = None  # an engine bundle from optimize_trt_engine.py
     inference_mode: Mode = Mode.PYTORCH
+    # Serve an engine bundle on an executor its accuracy was never measured on (TensorRT plans built with
+    # --from_onnx, or a GPU-verified bundle on a CPU host). Every status line and the UI then say so.
+    allow_unverified_plans: bool = False
     device: str = "auto"  # auto, cpu or cuda
     torch_path: str = "auto"  # eager (the reference), fast (static cache + CUDA graphs), auto: fast on CUDA
     # --- where ---

@@ -15,8 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, DEFAULT_SEQUENCE_SLOTS, DEMO_NOTICE
-from engine_bundle.integrity import verify_bundle
-from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest
+from engine_bundle.gate import UNVERIFIED_NOTICE, unverified_reason
+from engine_bundle.identity import check_model_identity
+from engine_bundle.integrity import BundleRefusedError, verify_bundle
+from engine_bundle.manifest import ManifestError, check_gpu, check_tensorrt_version, read_manifest, rebuild_command
 from engine_bundle.masks import attention_masks, image_block_ids
 from engine_bundle.names import runtime_module
 from inference_api.chat import chat_messages
@@ -25,6 +27,10 @@ from inference_api.contract import BackendInfo, GenerationRequest, InferenceBack
 logger = logging.getLogger(__name__)
 
 EXECUTORS = ("auto", "tensorrt", "onnxruntime-cpu")
+
+
+class UnverifiedExecutorError(BundleRefusedError):
+    """The executor that would run this bundle is not the one its accuracy was measured on (no override given)."""
 
 
 class TRTInference(InferenceBackend):
@@ -38,11 +44,17 @@ class TRTInference(InferenceBackend):
         sequence_slots: int = DEFAULT_SEQUENCE_SLOTS,
         max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         require_verified: bool = True,
+        served_model: str | Path | None = None,
+        allow_unverified_plans: bool = False,
     ) -> None:
         """engine_path: the bundle folder, or any file inside it (a .plan or .onnx). input_shape: the vision input
         the caller will send, checked against the bundle's (batch up to its max_batch, 3 channels, its image size).
-        The bundle must have passed its accuracy gate and match its recorded file hashes; only the build itself
-        (which verifies the bundle it is making) opens one with require_verified=False."""
+        The bundle must have passed its accuracy gate (its recorded figures against its recorded thresholds) and
+        match its recorded file hashes; only the build itself (which verifies the bundle it is making) opens one
+        with require_verified=False. served_model: the PyTorch checkpoint served beside it (the breaker's
+        fallback): a bundle of other weights is refused (ModelMismatchError). The executor that will run must be
+        the one the accuracy was measured on, unless allow_unverified_plans (ALLOW_UNVERIFIED_PLANS=1): then
+        info() says "accuracy not verified on this executor" everywhere it is shown."""
         super().__init__(max_resident_conversations)
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
@@ -57,7 +69,13 @@ class TRTInference(InferenceBackend):
             logger.info(
                 "opening %s without its accuracy gate and file hashes (the build verifying it)", self.bundle_dir
             )
-        self.executor = self._open_executor(executor, sequence_slots)
+        if served_model is not None:
+            check_model_identity(self.bundle_dir, manifest, served_model)
+        choice, self.executor_note = self._choose_executor(executor)
+        self.unverified_reason = ""
+        if require_verified:
+            self.unverified_reason = self._check_executor_verified(choice, allow_unverified_plans)
+        self.executor = self._open_executor(choice, sequence_slots)
         if hasattr(self.executor, "decode_batch"):
             self.max_batch = max(1, sequence_slots)  # the contract's step() hands every running sequence at once
         shapes = manifest["shapes"]
@@ -72,24 +90,50 @@ class TRTInference(InferenceBackend):
         self.stop_token_ids = frozenset(manifest["tokens"]["eos"])
         self.image_token_id = self.text.image_token_id
         logger.info(
-            "loaded engine bundle %s (%s, %s) with %s in %.1f s%s",
+            "loaded engine bundle %s (%s, %s) with executor %s%s in %.1f s%s%s",
             self.bundle_dir,
             manifest["model"]["id"],
             manifest["precision"],
             self.executor.name,
+            f": {self.executor_note}" if self.executor_note else "",
             time.perf_counter() - started,
+            f" -- {UNVERIFIED_NOTICE.upper()} ({self.unverified_reason})" if self.unverified_reason else "",
             f" -- {DEMO_NOTICE}" if manifest["model"].get("is_demo") else "",
         )
+
+    def _choose_executor(self, choice: str) -> tuple[str, str]:
+        """The executor that will run, and why it is not TensorRT ('' when it is, or when asked for by name)."""
+        if choice != "auto":
+            return choice, ("chosen by name; TensorRT executes nothing" if choice == "onnxruntime-cpu" else "")
+        has_engines = all(entry.get("engine") for entry in self.manifest["graphs"].values())
+        why_not = _why_not_tensorrt(has_engines, runtime_module(self.manifest))
+        if why_not:
+            logger.info("executor auto: chose onnxruntime-cpu because %s", why_not)
+            return "onnxruntime-cpu", why_not
+        return "tensorrt", ""
+
+    def _check_executor_verified(self, choice: str, allow_unverified: bool) -> str:
+        """'' when the accuracy record covers the executor that will run; else refuse, or with the operator's
+        override return why it is not covered (shown as "accuracy not verified on this executor")."""
+        why = unverified_reason(self.manifest["accuracy"], choice)
+        if not why:
+            return ""
+        if not allow_unverified:
+            raise UnverifiedExecutorError(
+                f"{self.bundle_dir} would run on the {choice} executor, and its accuracy against PyTorch was never "
+                f"measured there: {why}. Rebuild it where that executor runs, so the build's gate runs it "
+                f"({rebuild_command(self.manifest)}), or serve it anyway, marked '{UNVERIFIED_NOTICE}' on every "
+                "status line and the UI, with ALLOW_UNVERIFIED_PLANS=1."
+            )
+        logger.warning(
+            "serving %s on %s with ALLOW_UNVERIFIED_PLANS=1: %s (%s)", self.bundle_dir, choice, UNVERIFIED_NOTICE, why
+        )
+        return why
 
     def _open_executor(self, choice: str, sequence_slots: int):
         manifest = self.manifest
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
         module = runtime_module(manifest)
-        if choice == "auto":
-            why_not = _why_not_tensorrt(has_engines, module)
-            choice = "onnxruntime-cpu" if why_not else "tensorrt"
-            if why_not:
-                logger.info("executor auto: chose onnxruntime-cpu because %s", why_not)
         if choice == "onnxruntime-cpu":
             from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
 
@@ -204,6 +248,8 @@ class TRTInference(InferenceBackend):
             is_demo=bool(manifest["model"].get("is_demo")),
             demo_notice=manifest["model"].get("demo_notice")
             or (DEMO_NOTICE if manifest["model"].get("is_demo") else None),
+            executor_note=self.executor_note,
+            unverified_reason=self.unverified_reason,
             details={
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],
@@ -244,11 +290,12 @@ def _greedy(logits: np.ndarray) -> TokenStep:
 
 
 def _why_not_tensorrt(has_engines: bool, module: str) -> str:
-    """Why `auto` cannot use the TensorRT executor here ('' when it can): the log line says which."""
+    """Why `auto` cannot use the TensorRT executor here ('' when it can): every status line shows it."""
     if not has_engines:
-        return "the bundle holds no TensorRT plans (built with --target none)"
+        return "no TensorRT plans in this bundle"
     if importlib.util.find_spec(module) is None:
-        return f"the {module} package is not installed"
+        return f"the TensorRT plans cannot run here: the {module} package is not installed"
     from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
-    return probe_cuda_gpu(0)[1]
+    why = probe_cuda_gpu(0)[1]
+    return f"the TensorRT plans cannot run here: {why}" if why else ""

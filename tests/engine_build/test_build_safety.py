@@ -117,3 +117,20 @@ def test_publish_swaps_a_bundle_whole(tmp_path):
     publish(staging, out, overwrite=True)
     assert [p.name for p in tmp_path.iterdir()] == ["bundle"] and [p.name for p in out.iterdir()] == ["new.plan"]
     assert out.stat().st_mode & 0o777 == 0o755 or out.stat().st_mode & 0o005  # readable by a service's user
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "fp16"])
+def test_a_gate_over_too_few_held_out_films_is_refused_before_any_work(
+    demo_model_dir, synthetic_films, tmp_path, precision
+):
+    """7 films used to hold out 2 (10%, at least 2) and gate on them. One rule for every precision now: 10%, at
+    least 4, and as many left to calibrate on; --allow_few_films does not lower it."""
+    films = tmp_path / "films"
+    films.mkdir()
+    for path in sorted(synthetic_films.iterdir())[:7]:
+        shutil.copy(path, films / path.name)
+    args = build_args(demo_model_dir, films, tmp_path / "out", "--allow_few_films", "--precision", precision)
+    result = run_optimizer(*args)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "7 films: the accuracy gate holds out 4 (10%, at least 4: fewer is too few to judge" in result.stderr
+    assert "[1/4]" not in result.stderr and not (tmp_path / "out").exists()

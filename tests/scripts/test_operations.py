@@ -50,7 +50,7 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
             "Inference Mode: PyTorch",
             "TRT Engine: Not loaded",
             "Executor: transformers",
-            "Model: medgemma-xray-demo (synthetic phantoms, not a medical model)  [DEMO: not a medical model]",
+            "Model: medgemma-xray-demo (synthetic phantoms, not a medical model)  [Trained on synthetic phantoms only",
             "Device: cpu",
             f"PID {pid}",
             "Circuit breaker: closed",
@@ -60,16 +60,22 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
 
         switched = op.run("switch_to_trt.sh")
         assert switched.returncode == 0, switched.stderr
-        assert "Inference Mode: TensorRT" in switched.stdout and "TRT Engine: Loaded (INT8)" in switched.stdout
+        # The bundle's TensorRT-RTX plans cannot run on this host: every line names what runs instead.
+        on_cpu = "Engine bundle on onnxruntime-cpu, not TensorRT (the TensorRT plans cannot run here"
+        assert f"Inference Mode: {on_cpu}" in switched.stdout
+        assert (
+            "TRT Engine: Loaded (INT8, executor onnxruntime-cpu: the TensorRT plans cannot run here" in switched.stdout
+        )
         status = op.run("status_gradio.sh").stdout
-        assert "Inference Mode: TensorRT" in status and "TRT Engine: Loaded (INT8)" in status
-        assert "Executor: onnxruntime-cpu" in status and "Last switch: PyTorch -> TensorRT" in status
+        assert f"Inference Mode: {on_cpu}" in status and "TRT Engine: Loaded (INT8, executor onnxruntime-cpu" in status
+        assert "Executor: onnxruntime-cpu" in status and f"Last switch: PyTorch -> {on_cpu}" in status
+        assert "Inference Mode: TensorRT" not in status + switched.stdout
 
         client = Client(op.url, verbose=False)
         client.predict(handle_file(str(film)), api_name="/upload_film")
         chat = client.predict("Findings?", api_name="/ask")[0]
         assert len(chat) == 2 and chat[1]["role"] == "assistant"
-        assert "TensorRT" in client.predict(api_name="/model_badge")
+        assert on_cpu in client.predict(api_name="/model_badge")
 
         back = op.run("switch_to_pytorch.sh")
         assert back.returncode == 0 and "Inference Mode: PyTorch" in back.stdout
@@ -83,7 +89,7 @@ def test_start_status_switch_both_ways_stop_same_pid(tmp_path, int8_bundle, film
         with pytest.raises(OSError):
             os.kill(pid, 0)
         log = (op.log_dir / "gradio_app.log").read_text()
-        assert "switched PyTorch -> TensorRT" in log and "switched TensorRT -> PyTorch" in log
+        assert f"switched PyTorch -> {on_cpu}" in log and f"switched {on_cpu}" in log
     finally:
         op.cleanup()
 
@@ -240,7 +246,7 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
 
     try:
         wait_ready(url, server)
-        assert "Inference Mode: TensorRT" in status_text()
+        assert "Inference Mode: Engine bundle on onnxruntime-cpu, not TensorRT" in status_text()
         client = Client(url, verbose=False)
         client.predict(handle_file(str(film)), api_name="/upload_film")
         for attempt in range(5):
@@ -261,7 +267,7 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
         assert re.search(r"^medgemma_breaker_trips_total 1\.0$", metrics, re.M)
         assert re.search(r'^medgemma_errors_total\{kind="tensorrt"\} 5\.0$', metrics, re.M)
         log = (log_dir / "gradio_app.log").read_text()
-        assert "circuit breaker tripped after 5 consecutive TensorRT failures" in log
+        assert "circuit breaker tripped after 5 consecutive engine failures" in log
         # going back is manual, and closes the breaker
         back = subprocess.run([*control, "switch", "trt"], cwd=REPO_ROOT, capture_output=True, text=True)
         assert back.returncode == 0, back.stderr

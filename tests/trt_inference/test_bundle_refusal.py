@@ -114,3 +114,63 @@ def test_a_bundle_from_before_file_hashes_is_refused(bundle):
     edit_manifest(bundle, lambda m: m.pop("integrity"))
     with pytest.raises(BundleRefusedError, match="records no file hashes"):
         open_bundle(bundle)
+
+
+def reseal(bundle, change) -> None:
+    """Edit the manifest and seal it again, as a build (or someone with write access) would: the digest passes."""
+    from engine_bundle.integrity import seal
+    from engine_bundle.manifest import read_manifest, write_manifest
+
+    manifest = read_manifest(bundle)
+    change(manifest)
+    write_manifest(bundle, seal(bundle, manifest))
+
+
+@pytest.mark.parametrize(
+    ("change", "failure"),
+    [
+        (lambda a: a.update(token_agreement_mean=0.5), "token agreement 0.500 < 0.9"),
+        (lambda a: a["long_conversation"].update(token_agreement=0.08), "token agreement 0.080 < 0.5"),
+        (lambda a: a.pop("long_conversation"), "the long conversation (>= 1536 tokens) was not measured"),
+        (lambda a: a.update(films=2), "measured on 2 held-out films, fewer than the 4 needed to judge"),
+        (lambda a: a.pop("thresholds"), "the record holds no thresholds"),
+    ],
+)
+def test_figures_are_checked_against_the_recorded_thresholds_not_only_passed(bundle, change, failure):
+    reseal(bundle, lambda m: change(m["accuracy"]))  # passed stays true, the seal is valid
+    with pytest.raises(BundleRefusedError, match="do not pass its own recorded thresholds") as error:
+        open_bundle(bundle)
+    assert failure in str(error.value) and REBUILD in str(error.value)
+
+
+def test_a_bundle_of_another_checkpoint_is_refused_naming_both_models(bundle, random_model_dir, demo_model_dir):
+    from engine_bundle.identity import ModelMismatchError
+    from trt_inference.trt_model import TRTInference
+
+    with pytest.raises(ModelMismatchError) as error:
+        TRTInference(bundle, executor="onnxruntime-cpu", served_model=random_model_dir)
+    message = str(error.value)
+    assert f"was built from another model than this server's PyTorch model {random_model_dir}" in message
+    assert "bundle from medgemma-xray-demo" in message and str(demo_model_dir.resolve()) in message
+    assert f"--model_path {random_model_dir}" in message and "--overwrite" in message  # how to rebuild
+    assert f"set MODEL_PATH to {demo_model_dir.resolve()}" in message
+    TRTInference(bundle, executor="onnxruntime-cpu", served_model=demo_model_dir).close()  # its own model: serves
+
+
+def test_plans_never_run_are_refused_on_tensorrt_unless_the_operator_allows_it(bundle):
+    """This bundle's TensorRT-RTX plans were built, never run (plans_verified: false): its figures are ONNX
+    Runtime's. On the TensorRT executor it is refused before the plans or the GPU are touched."""
+    from trt_inference.trt_model import TRTInference, UnverifiedExecutorError
+
+    with pytest.raises(UnverifiedExecutorError) as error:
+        TRTInference(bundle, executor="tensorrt")
+    message = str(error.value)
+    assert "its TensorRT plans were never run against PyTorch (plans_verified: False" in message
+    assert "ALLOW_UNVERIFIED_PLANS=1" in message and "accuracy not verified on this executor" in message
+    # With the override it goes on to the plans, which need a GPU this host does not have.
+    with pytest.raises(Exception) as error:
+        TRTInference(bundle, executor="tensorrt", allow_unverified_plans=True)
+    assert not isinstance(error.value, UnverifiedExecutorError)
+    backend = open_bundle(bundle)  # on ONNX Runtime, the executor its figures were measured on: served
+    assert backend.info().unverified_reason == ""
+    backend.close()

@@ -50,8 +50,11 @@ def standins(cuda):
 
 
 def open_bundle(bundle, executor, **kwargs):
+    """The stand-in plans are the bundle's own ONNX graphs, but no build ran them (plans_verified: false): the
+    TensorRT executor opens them only under the operator's override, as on a GPU host."""
     from trt_inference.trt_model import TRTInference
 
+    kwargs.setdefault("allow_unverified_plans", executor == "tensorrt")
     return TRTInference(bundle, executor=executor, **kwargs)
 
 
@@ -171,10 +174,13 @@ def test_a_plan_with_other_io_is_refused_at_load(standin_bundle, standins, tmp_p
 def test_auto_logs_why_it_chose_the_cpu(standin_bundle, fp32_bundle, caplog):
     caplog.set_level(logging.INFO, logger="trt_inference.trt_model")
     open_bundle(fp32_bundle, "auto").close()
-    assert "chose onnxruntime-cpu because the bundle holds no TensorRT plans" in caplog.text
+    assert "chose onnxruntime-cpu because no TensorRT plans in this bundle" in caplog.text
     caplog.clear()
     open_bundle(standin_bundle, "auto").close()  # plans, but no tensorrt module on this host
-    assert "chose onnxruntime-cpu because the tensorrt package is not installed" in caplog.text
+    assert (
+        "chose onnxruntime-cpu because the TensorRT plans cannot run here: the tensorrt package is not installed"
+        in (caplog.text)
+    )
     caplog.clear()
     broken = HostCudaRuntime()
     module = broken.as_module()
@@ -183,4 +189,20 @@ def test_auto_logs_why_it_chose_the_cpu(standin_bundle, fp32_bundle, caplog):
         backend = open_bundle(standin_bundle, "auto")
         assert backend.info().executor == "onnxruntime-cpu"
         backend.close()
-    assert "chose onnxruntime-cpu because cuda-python found no usable CUDA device" in caplog.text
+    assert (
+        "chose onnxruntime-cpu because the TensorRT plans cannot run here: cuda-python found no usable" in caplog.text
+    )
+
+
+def test_unverified_plans_on_tensorrt_are_refused_and_served_marked_with_the_override(standin_bundle, standins):
+    from trt_inference.trt_model import UnverifiedExecutorError
+
+    with pytest.raises(UnverifiedExecutorError, match="plans_verified: False"):
+        open_bundle(standin_bundle, "tensorrt", allow_unverified_plans=False)
+    with pytest.raises(UnverifiedExecutorError):
+        open_bundle(standin_bundle, "auto", allow_unverified_plans=False)  # auto picks the plans here: same rule
+    backend = open_bundle(standin_bundle, "tensorrt")
+    info = backend.info()
+    assert info.executor == "tensorrt" and info.mode_label == "TensorRT [accuracy not verified on this executor]"
+    assert info.engine_summary == "FP32, executor tensorrt; accuracy not verified on this executor"
+    backend.close()
