@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine_bundle.names import KV_KINDS, TARGET_MODULES, past_name
 
@@ -30,7 +31,7 @@ class EngineBuildError(RuntimeError):
 class Profile:
     """min/opt/max shapes per dynamic input."""
 
-    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+    shapes: dict[str, tuple[tuple[int, ...], ...]]  # (min, opt, max) per input
 
 
 class EngineBuilder:
@@ -44,7 +45,7 @@ class EngineBuilder:
         if target not in TARGET_MODULES:
             raise ValueError(f"unknown target {target!r}; valid: {', '.join(TARGET_MODULES)}")
         self.target = target
-        self.trt = importlib.import_module(TARGET_MODULES[target])
+        self.trt: Any = importlib.import_module(TARGET_MODULES[target])  # TensorRT or TensorRT-RTX, as chosen
         self.workspace_bytes = int(workspace_gib * (1 << 30))
         # TensorRT times kernels on the GPU it builds on, so its cache pays off between builds. TensorRT-RTX builds
         # ahead of time, often on a host with no GPU, where creating a cache only logs CUDA errors.
@@ -54,7 +55,7 @@ class EngineBuilder:
         trt = self.trt
         errors = (trt.ILogger.Severity.INTERNAL_ERROR, trt.ILogger.Severity.ERROR)
 
-        class _Logger(trt.ILogger):
+        class _Logger(trt.ILogger):  # type: ignore[name-defined]  # a module chosen at run time (self.trt)
             def __init__(inner) -> None:
                 trt.ILogger.__init__(inner)
 
@@ -106,7 +107,7 @@ class EngineBuilder:
         from engine_build.staging import write_bytes_atomically
 
         write_bytes_atomically(engine_path, bytes(serialized))
-        if cache is not None:
+        if cache is not None and self.timing_cache is not None:  # (cache exists only with a timing_cache)
             write_bytes_atomically(self.timing_cache, bytes(cache.serialize()))
         elapsed = time.perf_counter() - started
         logger.info("%s built %s -> %s in %.1f s", self.target, onnx_path.name, engine_path.name, elapsed)

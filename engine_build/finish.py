@@ -136,7 +136,7 @@ def finish_from_onnx(
         build = manifest.setdefault("build", {})
         build["commands"] = [*(build.get("commands") or [build.get("command", "")]), command]
         build["command"] = command
-        if held_out is not None:
+        if held_out is not None and reference_model is not None:  # (both are set together above)
             manifest["accuracy"] = verify_plans(staging, manifest, plan, held_out, reference_model, device)
         else:
             # The gate was measured on the ONNX graphs; these plans have not been run. Say so in the record.

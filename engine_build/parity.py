@@ -47,7 +47,7 @@ def check_export_parity(
             figures["embed"] = _max_relative_error(expected, session("embed").run(None, {"input_ids": ids.numpy()})[0])
         if "decoder" in graphs:
             figures.update(_decoder_parity(model, session, shape, device))
-    worst = max(figures, key=figures.get)
+    worst = max(figures, key=figures.__getitem__)
     if figures[worst] > tolerance:
         raise ParityError(
             f"ONNX export disagrees with PyTorch: {worst} max relative error {figures[worst]:.2e} > {tolerance:.0e}. "

@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine_build.precision import BuildPlan, parse_compute_capabilities, plan_build
 from engine_build.staging import discard, make_staging_dir, publish, refuse_existing_output
@@ -233,7 +234,8 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
         precision_dir = out / "onnx" / options.precision
         precision_dir.mkdir(parents=True, exist_ok=True)
         with Step(2, f"quantize to {options.precision} with ModelOpt"):
-            feeds, qdq = [], {}
+            feeds: list[Any] = []
+            qdq: dict[str, Any] = {}
             if options.precision == "fp32":
                 logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
             else:
@@ -362,6 +364,8 @@ def reference_pixels(torch_backend, image):
 def build_engines(bundle: Path, onnx_dir: Path, shapes: dict, plan: BuildPlan, workspace_gib: float):
     from engine_build.builder import EngineBuilder, graph_profiles
 
+    if plan.target is None:
+        raise ValueError("build_engines needs a plan with a TensorRT target; this plan builds no engines.")
     builder = EngineBuilder(
         plan.target,
         workspace_gib=workspace_gib,

@@ -8,6 +8,8 @@ them: ONNX Runtime's figures say nothing about TensorRT plans that were never ru
 
 from __future__ import annotations
 
+from typing import Any
+
 # Fewer held-out films than this is too few to judge a precision (one odd film decides the verdict).
 MIN_HELD_OUT_FILMS = 4
 HELD_OUT_FRACTION = 0.1
@@ -21,19 +23,19 @@ def held_out_count(films: int) -> int:
     return max(MIN_HELD_OUT_FILMS, int(round(films * HELD_OUT_FRACTION)))
 
 
-def _at_least(value, minimum, label: str, fmt: str) -> str | None:
+def _at_least(value: float | None, minimum: float, label: str, fmt: str) -> str | None:
     if value is None:
         return f"{label} was not measured"
     return None if value >= minimum else f"{label} {value:{fmt}} < {minimum}"
 
 
-def _at_most(value, maximum, label: str, fmt: str, unit: str = "") -> str | None:
+def _at_most(value: float | None, maximum: float, label: str, fmt: str, unit: str = "") -> str | None:
     if value is None:
         return None  # nothing to compare: no token in common, or no distribution recorded
     return None if value <= maximum else f"{label} {value:{fmt}} > {maximum}{unit}"
 
 
-def gate_failures(figures: dict, thresholds: dict) -> list[str]:
+def gate_failures(figures: dict[str, Any], thresholds: dict[str, Any]) -> list[str]:
     """Every threshold the figures miss, in words; empty when they pass. Missing thresholds are failures."""
     missing = [
         key
@@ -70,7 +72,7 @@ def gate_failures(figures: dict, thresholds: dict) -> list[str]:
     return [failure for failure in checks if failure]
 
 
-def recorded_failures(accuracy: dict) -> list[str]:
+def recorded_failures(accuracy: dict[str, Any]) -> list[str]:
     """The gate re-applied to a manifest's accuracy record: its figures against its own thresholds."""
     thresholds = accuracy.get("thresholds")
     if not isinstance(thresholds, dict):
@@ -84,7 +86,7 @@ def recorded_failures(accuracy: dict) -> list[str]:
     return failures
 
 
-def unverified_reason(accuracy: dict, executor: str) -> str:
+def unverified_reason(accuracy: dict[str, Any], executor: str) -> str:
     """Why the accuracy record does not cover `executor` ('' when it does): the figures belong to the executor
     that measured them, and TensorRT plans count as measured only where the build ran them (plans_verified)."""
     measured = accuracy.get("executor")

@@ -12,12 +12,13 @@ import json
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 from engine_bundle.manifest import ManifestError, rebuild_command
 
 _BLOCK = 1 << 20
 # (folder, ((shard, bytes, mtime_ns), ...)) -> hash: the real checkpoint is 8.6 GB, hashed once per process.
-_hash_cache: dict[tuple, str] = {}
+_hash_cache: dict[tuple[Any, ...], str] = {}
 _hash_lock = threading.Lock()
 
 
@@ -61,7 +62,7 @@ def _model_name(model_dir: Path) -> str:
     return f"{name} at {model_dir}" if name else str(model_dir)
 
 
-def check_model_identity(bundle_dir: Path, manifest: dict, served_model: str | Path) -> None:
+def check_model_identity(bundle_dir: Path, manifest: dict[str, Any], served_model: str | Path) -> None:
     """Raise ModelMismatchError unless served_model's weights are the ones the bundle records."""
     served = Path(served_model)
     model = manifest.get("model", {})

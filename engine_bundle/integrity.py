@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine_bundle.gate import recorded_failures
 from engine_bundle.manifest import FORMAT_VERSION, MANIFEST_NAME, ManifestError, rebuild_command
@@ -68,7 +69,7 @@ def bundle_files(bundle_dir: Path) -> list[str]:
     return sorted(names)
 
 
-def manifest_digest(manifest: dict) -> str:
+def manifest_digest(manifest: dict[str, Any]) -> str:
     """SHA-256 of the manifest's canonical JSON without its seal."""
     payload = {key: value for key, value in manifest.items() if key != "integrity"}
     payload["files"] = manifest.get("integrity", {}).get("files")
@@ -76,7 +77,7 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def seal(bundle_dir: Path, manifest: dict) -> dict:
+def seal(bundle_dir: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest with the hash of every file now in bundle_dir and the digest over both (call last, then write)."""
     bundle_dir = Path(bundle_dir)
     names = bundle_files(bundle_dir)
@@ -88,7 +89,7 @@ def seal(bundle_dir: Path, manifest: dict) -> dict:
     return sealed
 
 
-def served_files(manifest: dict) -> list[str]:
+def served_files(manifest: dict[str, Any]) -> list[str]:
     """The files the runtime reads: each graph's ONNX and plan, and the tokenizer/processor files."""
     names = list(REQUIRED_FILES)
     for entry in manifest["graphs"].values():
@@ -96,7 +97,7 @@ def served_files(manifest: dict) -> list[str]:
     return names
 
 
-def check_accuracy_gate(bundle_dir: Path, manifest: dict) -> None:
+def check_accuracy_gate(bundle_dir: Path, manifest: dict[str, Any]) -> None:
     accuracy = manifest.get("accuracy")
     rebuild = rebuild_command(manifest)
     if not isinstance(accuracy, dict):
@@ -105,9 +106,9 @@ def check_accuracy_gate(bundle_dir: Path, manifest: dict) -> None:
             f"must not answer questions. Rebuild it: {rebuild}"
         )
     if accuracy.get("passed") is not True:
-        failures = "; ".join(accuracy.get("failures") or []) or f"passed is {accuracy.get('passed')!r}"
+        failed = "; ".join(accuracy.get("failures") or []) or f"passed is {accuracy.get('passed')!r}"
         raise BundleRefusedError(
-            f"{bundle_dir} failed its accuracy check against PyTorch ({failures}, measured on "
+            f"{bundle_dir} failed its accuracy check against PyTorch ({failed}, measured on "
             f"{accuracy.get('executor', 'an unknown executor')}), so it must not answer questions. "
             f"Try another precision or more calibration films. Rebuild it: {rebuild}"
         )
@@ -120,7 +121,7 @@ def check_accuracy_gate(bundle_dir: Path, manifest: dict) -> None:
         )
 
 
-def verify_bundle(bundle_dir: str | Path, manifest: dict) -> IntegrityReport:
+def verify_bundle(bundle_dir: str | Path, manifest: dict[str, Any]) -> IntegrityReport:
     """Refuse (BundleRefusedError) unless the accuracy gate passed and every recorded file is unchanged."""
     bundle_dir = Path(bundle_dir)
     started = time.perf_counter()

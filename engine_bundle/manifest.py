@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 1
@@ -17,7 +18,7 @@ class ManifestError(ValueError):
     """The bundle's manifest is missing, malformed, or does not match this host."""
 
 
-def write_manifest(bundle_dir: Path, manifest: dict) -> Path:
+def write_manifest(bundle_dir: Path, manifest: dict[str, Any]) -> Path:
     """Write manifest.json by rename, so a reader never sees half a manifest and a hard-linked copy stays as it was."""
     path = Path(bundle_dir) / MANIFEST_NAME
     temporary = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
@@ -26,7 +27,7 @@ def write_manifest(bundle_dir: Path, manifest: dict) -> Path:
     return path
 
 
-def read_manifest(bundle_dir: Path) -> dict:
+def read_manifest(bundle_dir: Path) -> dict[str, Any]:
     path = Path(bundle_dir) / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(
@@ -34,7 +35,7 @@ def read_manifest(bundle_dir: Path) -> dict:
             "python optimize_trt_engine.py --model_path MODEL --calib_images FILMS --output_path DIR"
         )
     try:
-        manifest = json.loads(path.read_text())
+        manifest: dict[str, Any] = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{path} is not valid JSON ({exc}); rebuild the bundle.") from exc
     if manifest.get("format") != FORMAT_VERSION:
@@ -45,7 +46,7 @@ def read_manifest(bundle_dir: Path) -> dict:
     return manifest
 
 
-def rebuild_command(manifest: dict) -> str:
+def rebuild_command(manifest: dict[str, Any]) -> str:
     """The commands that made this bundle, in order (a build, then perhaps --from_onnx), ready to run again."""
     build = manifest.get("build", {})
     commands = list(build.get("commands") or ([build["command"]] if build.get("command") else []))
@@ -59,7 +60,7 @@ def rebuild_command(manifest: dict) -> str:
     return " && ".join(commands)
 
 
-def check_tensorrt_version(manifest: dict, runtime_version: str) -> None:
+def check_tensorrt_version(manifest: dict[str, Any], runtime_version: str) -> None:
     """Plans only load in the TensorRT version that built them; say so before deserialising."""
     built = manifest["tensorrt"].get("version")
     if built != runtime_version:
@@ -70,7 +71,7 @@ def check_tensorrt_version(manifest: dict, runtime_version: str) -> None:
         )
 
 
-def check_gpu(manifest: dict, gpu_name: str, compute_capability: str) -> None:
+def check_gpu(manifest: dict[str, Any], gpu_name: str, compute_capability: str) -> None:
     """Plans are specific to a GPU generation unless built hardware-compatible (Ampere+)."""
     built = manifest["tensorrt"]
     allowed = str(built.get("compute_capability") or "").split(",")

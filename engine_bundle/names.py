@@ -5,6 +5,8 @@ One module owns them so that export, the builder's optimization profiles and bot
 
 from __future__ import annotations
 
+from typing import Any
+
 KV_KINDS = ("key", "value")
 
 # The build's --target names and the Python module that provides each.
@@ -26,6 +28,6 @@ def kv_input_names(layers: int) -> list[str]:
     return [past_name(kind, layer) for layer in range(layers) for kind in KV_KINDS]
 
 
-def runtime_module(manifest: dict) -> str:
+def runtime_module(manifest: dict[str, Any]) -> str:
     """The TensorRT module that can deserialise this bundle's plans."""
     return TARGET_MODULES[manifest["tensorrt"].get("target") or "tensorrt"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
@@ -203,7 +203,9 @@ class InferenceService:
                 served.leases -= 1
                 self._state.notify_all()
 
-    def stream_answer(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Iterator[str]:
+    def stream_answer(
+        self, request: GenerationRequest, stats: GenerationStats | None = None
+    ) -> Generator[str, None, None]:
         """Yield the answer so far (cumulative text). A TensorRT failure restarts the answer on PyTorch.
 
         Raises RequestError (the user's to fix), ServiceUnavailable (retry later) or the backend's error.
