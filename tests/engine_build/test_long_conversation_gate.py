@@ -74,7 +74,7 @@ def test_the_fixed_fp16_decoder_keeps_rotary_and_attention_fp32_and_passes_the_l
     """What this shows: the fixed rule's graph and its long-case pass. What it does not: the old rule failing the
     case. Cast without calibration data and with vision in fp32, the old-rule decoder agreed 0.94 here (run on
     2026-12-01), although the full old fp16 build agreed 0.08 on a 1,539-token conversation (a manual probe)."""
-    film = model_input_image(load_radiograph(png_bytes(quantize_pixels(chest_phantom(seed=900_001), 8)), "f.png"))
+    film = model_input_image(load_radiograph(png_bytes(quantize_pixels(chest_phantom(seed=900_001), 8))))
     old = fp16_decoder_bundle(fp32_bundle, tmp_path / "old", OLD_FP32_NODES, monkeypatch)
     fixed = fp16_decoder_bundle(fp32_bundle, tmp_path / "fixed", FIXED_FP32_NODES, monkeypatch)
     fixed_long, fixed_failures = long_case_failures(reference, fixed, film)
