@@ -31,6 +31,7 @@ PAGE_CSS = """
 #ask, #ask:hover { background: #9a3412; border-color: #9a3412; color: #ffffff; }
 #case-tabs button[role="tab"][aria-selected="true"] { color: #9a3412; }
 footer .show-api, footer .built-with, footer .settings { color: #4b5563; }
+a[data-sveltekit-reload] { color: #374151 !important; }  /* the page links (main, /teaching) Gradio draws on top */
 #film-upload td.download { display: none; }
 .answer-details summary { cursor: pointer; }
 """
