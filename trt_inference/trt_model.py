@@ -73,6 +73,8 @@ class TRTInference(InferenceBackend):
             check_model_identity(self.bundle_dir, manifest, served_model)
         choice, self.executor_note = self._choose_executor(executor)
         self.unverified_reason = ""
+        if choice == "tensorrt":  # what makes it unable to run at all is said before whether it was verified
+            self._check_tensorrt_can_run()
         if require_verified:
             self.unverified_reason = self._check_executor_verified(choice, allow_unverified_plans)
         self.executor = self._open_executor(choice, sequence_slots)
@@ -130,14 +132,11 @@ class TRTInference(InferenceBackend):
         )
         return why
 
-    def _open_executor(self, choice: str, sequence_slots: int):
+    def _check_tensorrt_can_run(self) -> None:
+        """Plans present, the TensorRT module installed, and the version the plans were built with."""
         manifest = self.manifest
         has_engines = all(entry.get("engine") for entry in manifest["graphs"].values())
         module = runtime_module(manifest)
-        if choice == "onnxruntime-cpu":
-            from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
-
-            return OnnxRuntimeExecutor(self.bundle_dir, manifest, sequence_slots)
         if not has_engines:
             raise ManifestError(
                 f"{self.bundle_dir} holds ONNX graphs only (built where TensorRT was absent). Finish the build on the "
@@ -147,6 +146,14 @@ class TRTInference(InferenceBackend):
             raise ManifestError(f"the bundle needs the {module} Python package, which is not installed")
         trt = importlib.import_module(module)
         check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
+
+    def _open_executor(self, choice: str, sequence_slots: int):
+        manifest = self.manifest
+        if choice == "onnxruntime-cpu":
+            from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
+
+            return OnnxRuntimeExecutor(self.bundle_dir, manifest, sequence_slots)
+        self._check_tensorrt_can_run()
         from trt_inference.runtime.cuda_memory import probe_cuda_gpu
 
         gpu, why_no_gpu = probe_cuda_gpu(0)
