@@ -39,7 +39,10 @@ def big_film_png() -> bytes:
 def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(tmp_path):
     film = tmp_path / "film-6000.png"
     film.write_bytes(big_film_png())
-    server = start_server(tmp_path / "logs", env={"SESSION_TTL_S": str(TTL_S), "MAX_NEW_TOKENS": "4"})
+    # The 6000x6000 film is a phantom scaled far past any real detector, which the film check (issue 17) refuses;
+    # this test is about what a session holds once a big film is accepted, so the check is off here.
+    env = {"SESSION_TTL_S": str(TTL_S), "MAX_NEW_TOKENS": "4", "FILM_CHECK": "off"}
+    server = start_server(tmp_path / "logs", env=env)
     try:
         pid = server.process.pid
         warm = Client(server.url, verbose=False)
