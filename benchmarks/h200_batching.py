@@ -28,18 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-QUESTIONS = (
-    "What are the main findings on this chest X-ray?",
-    "Is there a pneumothorax or pleural effusion?",
-    "Describe the heart size and the mediastinum.",
-    "Are there any lines, tubes or devices?",
-    "Is there consolidation, and in which lobe?",
-    "Is this film technically adequate?",
-    "What is the most likely diagnosis?",
-    "Comment on the costophrenic angles.",
-    "Is the trachea central?",
-    "Write a structured report with findings and impression.",
-)
+from benchmarks.gpu_checks import QUESTIONS  # noqa: E402  (the same 10 prompts as the equality checks)
 
 
 def parse_args(argv):

@@ -678,11 +678,17 @@ class InferenceBackend(abc.ABC):
 
     def _load_prefix_impl(self, kv: Any, pool_ids: list[int], length: int) -> None:
         """Copy pool blocks pool_ids (in order) into kv's positions 0..length-1 (a backend with a block pool)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} set a prefix block pool but does not implement _load_prefix_impl; a backend "
+            "without a pool keeps the contract's empty PrefixBlockCache, which never calls this"
+        )
 
     def _save_prefix_impl(self, kv: Any, blocks: list[tuple[int, int]]) -> None:
         """Copy kv's prompt block `index` (positions index*B..(index+1)*B-1) into pool block `pool_id`, per pair."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} set a prefix block pool but does not implement _save_prefix_impl; a backend "
+            "without a pool keeps the contract's empty PrefixBlockCache, which never calls this"
+        )
 
     def cache_stats(self) -> dict[str, Any]:
         """Counters for the shared caches and the KV slots, read by metrics and the benchmark (any thread)."""
