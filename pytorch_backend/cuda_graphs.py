@@ -60,3 +60,14 @@ class DecodeGraphs:
         graph, ids, logprobs = self.graphs[bucket]
         graph.replay()
         return ids[:batch], logprobs[:batch]
+
+    def run_next(self, batch: int):
+        """Replay the last bucket run one position on, fed on the device with its own output ids: the step after
+        it, launched before the host has read that one (pytorch_backend/pipelined_decode). Padding rows move on
+        too; they stay in the dummy slot."""
+        bucket = self.bucket_for(batch)
+        graph, ids, logprobs = self.graphs[bucket]
+        self.tokens[:bucket].copy_(ids)
+        self.positions[:bucket].add_(1)
+        graph.replay()
+        return ids[:batch], logprobs[:batch]

@@ -9,6 +9,7 @@ the eager path. bf16 on CUDA, never fp16.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -19,6 +20,8 @@ from inference_api.contract import DEFAULT_IMAGE_CACHE_GIB, Prompt, TokenStep
 from inference_api.errors import NoFreeSlotError
 from inference_api.shared_caches import ImageFeatureCache, PrefixBlockCache
 from pytorch_backend.eager import TorchInference
+from pytorch_backend.pixel_cache import DEFAULT_PIXEL_CACHE_FILMS, PixelCache
+from pytorch_backend.prefill_graphs import DEFAULT_PREFILL_BUCKETS, image_rows
 
 if TYPE_CHECKING:
     from pytorch_backend.cuda_graphs import DecodeGraphs
@@ -59,7 +62,17 @@ class FastTorchInference(TorchInference):
         image_cache_gib: float = DEFAULT_IMAGE_CACHE_GIB,
         weights: str = "bf16",
         fused_step: bool = False,
+        prefill_buckets: tuple[int, ...] | None = None,
+        pipelined: bool | None = None,
+        vision_graph: bool | None = None,
+        pixel_cache_films: int = DEFAULT_PIXEL_CACHE_FILMS,
     ) -> None:
+        """Issue 21's first-token and overlap options (None: on where CUDA graphs are, off elsewhere):
+        prefill_buckets: prompt sizes a new conversation's prefill is padded to and, with CUDA graphs, replayed as
+        one captured graph (pytorch_backend/prefill_graphs; () turns it off); pipelined: the next decode step
+        queued before the host reads this one (pytorch_backend/pipelined_decode); vision_graph: the compiled
+        vision tower captured as a CUDA graph for one film; pixel_cache_films: preprocessed films kept by content
+        hash (preprocess_film)."""
         self.weights = weights
         super().__init__(model_path, device, max_resident_conversations, preloaded)
         from pytorch_backend.static_decoder import StaticGemmaDecoder
@@ -81,6 +94,17 @@ class FastTorchInference(TorchInference):
             self.fused = FusedDecodeStep(self.decoder, weights)
         self._graphs: DecodeGraphs | None = None
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
+        if prefill_buckets is None:
+            prefill_buckets = DEFAULT_PREFILL_BUCKETS if self.use_graphs else ()
+        self.prefill_buckets = tuple(prefill_buckets)
+        self._prefill_graphs = None  # PrefillGraphs, made in warm-up (captured there with CUDA graphs)
+        self.use_pipelined = self.use_graphs if pipelined is None else pipelined
+        self._pipeline = None  # PipelinedDecode, made in warm-up
+        self._last_launch: tuple | None = None  # the eager path's last step inputs, for launch_next
+        self.use_vision_graph = self.use_graphs if vision_graph is None else vision_graph
+        self._vision_graph: tuple | None = None  # (graph, static pixels, static features)
+        self.pixel_cache = PixelCache(pixel_cache_films)
+        self._warmed = False
         self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), self.image_cache._size_of)
         blocks = int(prefix_cache_gib * 2**30) // self.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
         self.decoder.allocate_prefix_pool(blocks, PREFIX_BLOCK_TOKENS)
@@ -102,12 +126,15 @@ class FastTorchInference(TorchInference):
     def _allocate_impl(self):
         if not self._free_slots:
             raise NoFreeSlotError(f"all {self.decoder.slots} KV slots are in use")
+        self._forget_queued_step()
         return SlotState(self._free_slots.pop())
 
     def _truncate_impl(self, kv: SlotState, length: int) -> bool:
+        self._forget_queued_step()
         return True  # positions past `length` are simply overwritten by the next prefill
 
     def _free_impl(self, kv: SlotState) -> None:
+        self._forget_queued_step()
         self._free_slots.append(kv.slot)
 
     def _kv_usage(self) -> float:
@@ -115,6 +142,7 @@ class FastTorchInference(TorchInference):
         return (slots - len(self._free_slots)) / slots if slots else 0.0
 
     def _load_prefix_impl(self, kv: SlotState, pool_ids: list[int], length: int) -> None:
+        self._forget_queued_step()
         with self._torch.inference_mode():
             self.decoder.load_prefix(kv.slot, pool_ids, length)
 
@@ -123,16 +151,62 @@ class FastTorchInference(TorchInference):
             self.decoder.save_prefix(kv.slot, blocks)
 
     # --- model calls -------------------------------------------------------------------------------------------
-    def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
+    def preprocess_film(self, image, key: str | None = None) -> str:
+        """Resize and normalise a film for the vision tower now, kept by its content hash, so that the question's
+        first token does not wait for it. Any thread; takes no backend lock. Returns the key."""
+        from inference_api.shared_caches import image_content_hash
+
+        key = key or image_content_hash(image)
+        if key not in self.pixel_cache:
+            with _nvtx(self, "preprocess"), self._torch.inference_mode():
+                self.pixel_cache.put(key, self.pixel_values([image]))
+        return key
+
+    def _pixels(self, prompts: list[Prompt]):
+        """The films' pixels: from the pixel cache for one film preprocessed earlier, else computed now."""
+        if len(prompts) == 1:
+            cached = self.pixel_cache.get(prompts[0].image_key)
+            if cached is not None:
+                return cached
+        with _nvtx(self, "preprocess"):
+            return self.pixel_values([prompt.image for prompt in prompts])
+
+    def _vision(self, pixels):
+        """Features of the films in `pixels`: one film through the compiled (and, with CUDA graphs, captured)
+        tower, a batch eagerly, so no shape ever recompiles at serving time."""
         torch = self._torch
-        pixels = self.pixel_values([prompt.image for prompt in prompts])
-        # The compiled tower has one shape (a single film); batches run eagerly, so no shape ever recompiles at
-        # serving time.
-        # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
-        vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
-        with torch.inference_mode():
+        with _nvtx(self, "vision"), torch.inference_mode():
+            captured = self._vision_graph
+            if captured is not None and pixels.shape == captured[1].shape:
+                graph, static_pixels, static_features = captured
+                static_pixels.copy_(pixels)
+                graph.replay()
+                return static_features.clone()  # the image cache keeps it; the next replay overwrites the buffer
+            # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
+            vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
             features = vision(pixels)  # type: ignore[operator]
-        features = getattr(features, "pooler_output", features)
+            return getattr(features, "pooler_output", features)
+
+    def _capture_vision(self) -> None:
+        """The compiled one-film tower as a CUDA graph (its launches were a share of its 15 ms, 2026-12-01)."""
+        torch = self._torch
+        from PIL import Image
+
+        static_pixels = self.pixel_values([Image.new("RGB", (896, 896))]).clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(2):
+                self._vision_one(static_pixels)  # type: ignore[operator]
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), torch.inference_mode():
+            out = self._vision_one(static_pixels)  # type: ignore[operator]
+            features = getattr(out, "pooler_output", out)
+        self._vision_graph = (graph, static_pixels, features)
+
+    def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
+        features = self._vision(self._pixels(prompts))
         for prompt, row in zip(prompts, features, strict=True):
             # Own memory per film: the image cache keeps rows, and a view would pin the whole batch.
             prompt.features = row if features.shape[0] == 1 else row.clone()
@@ -141,8 +215,14 @@ class FastTorchInference(TorchInference):
         return self._prefill_batch_impl([(kv, prompt, start, end, want_token)])[0]
 
     def _prefill_batch_impl(self, items: list) -> list[TokenStep | None]:
-        """Every chunk in one packed forward; one host sync for all the first tokens."""
+        """Every chunk in one packed forward; one host sync for all the first tokens. A new conversation's whole
+        prompt alone, when it fits a bucket, through the bucket's captured graph instead."""
         torch = self._torch
+        self._forget_queued_step()
+        if len(items) == 1 and self._prefill_graphs is not None:
+            kv, prompt, start, end, want_token = items[0]
+            if start == 0 and want_token and self._prefill_graphs.bucket_for(end) is not None:
+                return [self._prefill_bucketed(kv, prompt, end)]
         wanted = [index for index, item in enumerate(items) if item[4]]
         with torch.inference_mode():
             logits = self._run_packed(items, wanted or [0])
@@ -155,6 +235,22 @@ class FastTorchInference(TorchInference):
         for row, index in enumerate(wanted):
             steps[index] = TokenStep(ids[row], values[row])
         return steps
+
+    def _prefill_bucketed(self, kv: SlotState, prompt: Prompt, end: int) -> TokenStep:
+        torch = self._torch
+        graphs = self._prefill_graphs
+        with _nvtx(self, "prefill.embed"), torch.inference_mode():
+            ids = prompt.ids[:end]
+            rows, blocks = image_rows(ids, self.image_token_id)
+            host = torch.tensor(ids)
+            embeds = self.decoder.embed(host.to(self.device, non_blocking=False))
+            if rows:
+                features = prompt.features.reshape(-1, prompt.features.shape[-1]).to(self.dtype)
+                index = torch.tensor(rows).to(self.device)
+                embeds[index] = features[index - rows[0]]
+        with _nvtx(self, "prefill.graph"), torch.inference_mode():
+            token, logprob = graphs.run(kv.slot, embeds, blocks)  # type: ignore[union-attr]
+            return TokenStep(int(token.tolist()[0]), float(logprob.tolist()[0]))
 
     def _prompt_logits_impl(self, kv: SlotState, prompt: Prompt):
         with self._torch.inference_mode():
@@ -186,6 +282,10 @@ class FastTorchInference(TorchInference):
     def _decode_impl(self, kvs: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
         torch = self._torch
         slots = [kv.slot for kv in kvs]
+        if self._pipeline is not None:
+            with _nvtx(self, "decode"), torch.inference_mode():
+                ids, logprobs = self._pipeline.step(tokens, positions, slots, owner=self._graphs or self._step)
+            return [TokenStep(t, p) for t, p in zip(ids, logprobs, strict=True)]
         with torch.inference_mode():
             if self._graphs is not None:
                 ids, logprobs = self._graphs.run(tokens, positions, slots)
@@ -195,8 +295,33 @@ class FastTorchInference(TorchInference):
             ids, logprobs = ids.tolist(), logprobs.tolist()  # the one host sync per step
         return [TokenStep(t, p) for t, p in zip(ids, logprobs, strict=True)]
 
+    def _forget_queued_step(self) -> None:
+        if self._pipeline is not None:
+            self._pipeline.forget()
+
+    def _launch(self, tokens: list[int], positions: list[int], slots: list[int]):
+        if self._graphs is not None:
+            return self._graphs.run(tokens, positions, slots)
+        as_tensor = lambda values: self._torch.tensor(values, device=self.device)  # noqa: E731
+        inputs = (as_tensor(tokens), as_tensor(positions), as_tensor(slots))
+        ids, logprobs = self._step(*inputs)
+        self._last_launch = (ids, inputs[1], inputs[2])
+        return ids, logprobs
+
+    def _launch_next(self, batch: int):
+        if self._graphs is not None:
+            return self._graphs.run_next(batch)
+        ids, positions, slots = self._last_launch  # type: ignore[misc]
+        positions = positions + 1
+        following = self._step(ids, positions, slots)
+        self._last_launch = (following[0], positions, slots)
+        return following
+
     # --- start-up: compile and capture before readiness ----------------------------------------------------------
     def _warm_up_impl(self) -> None:
+        if self._warmed:  # a second warm-up (a service loading an already-warm backend): one answer, no recapture
+            super()._warm_up_impl()
+            return
         torch = self._torch
         if self.fused is not None:  # issue 21: gates an 8-bit mode (refused: WeightModeRefused), compiles the step
             from pytorch_backend.weight_gate import start_fused_step
@@ -223,8 +348,43 @@ class FastTorchInference(TorchInference):
             started = time.perf_counter()
             self._graphs = DecodeGraphs(self._step, self.batch_buckets, self.decoder.dummy_slot, self.device)
             self.startup["capture_s"] = round(time.perf_counter() - started, 2)
+        started = time.perf_counter()
+        self._warm_up_first_token()
+        self.startup["first_token_capture_s"] = round(time.perf_counter() - started, 2)
+        if self.use_pipelined:
+            from pytorch_backend.pipelined_decode import PipelinedDecode
+
+            self._pipeline = PipelinedDecode(
+                self._launch, self._launch_next, self.max_sequence, max(self.batch_buckets), self.device
+            )
+        if self.use_graphs or self.use_pipelined or self._prefill_graphs is not None:
             super()._warm_up_impl()
+        self._warmed = True
         logger.info("fast path ready: %s", self.startup)
+
+    def _warm_up_first_token(self) -> None:
+        """Capture the prefill buckets and the one-film vision tower. A capture that fails leaves that part on
+        its uncaptured path (logged, and in startup), never the backend unready."""
+        if self.prefill_buckets:
+            from pytorch_backend.prefill_graphs import PrefillGraphs
+
+            try:
+                self._prefill_graphs = PrefillGraphs(
+                    self.decoder, self.prefill_buckets, self.use_graphs, self.decoder.dummy_slot
+                )
+            except Exception as exc:
+                logger.warning(
+                    "prefill buckets not captured (%s: %s); the packed prefill serves", type(exc).__name__, exc
+                )
+                self.startup["prefill_graphs_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                self._prefill_graphs = None
+        if self.use_vision_graph and self.device.type == "cuda":
+            try:
+                self._capture_vision()
+            except Exception as exc:
+                logger.warning("vision tower not captured (%s: %s); the compiled tower serves", type(exc).__name__, exc)
+                self.startup["vision_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                self._vision_graph = None
 
     @property
     def precision(self) -> str:
@@ -245,6 +405,10 @@ class FastTorchInference(TorchInference):
                 "image_cache_bytes": self.image_cache.capacity_bytes,
                 "weights": self.weights,
                 "fused_step": self.fused is not None,
+                "prefill_buckets": list(self._prefill_graphs.buckets) if self._prefill_graphs else [],
+                "prefill_graphs": bool(self._prefill_graphs and self._prefill_graphs.graphs),
+                "vision_graph": self._vision_graph is not None,
+                "pipelined_decode": self._pipeline is not None,
                 "startup": self.startup,
             }
         )
@@ -257,3 +421,10 @@ def _image_blocks(torch, is_image):
     starts = is_image & ~previous
     groups = torch.cumsum(starts.long(), dim=0) - 1
     return torch.where(is_image, groups, torch.full_like(groups, -1))
+
+
+def _nvtx(backend, name: str):
+    """An NVTX range on CUDA (what an Nsight Systems trace shows per part), nothing on CPU."""
+    if backend.device.type == "cuda":
+        return backend._torch.cuda.nvtx.range(name)
+    return contextlib.nullcontext()

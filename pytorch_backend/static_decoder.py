@@ -310,6 +310,45 @@ class StaticGemmaDecoder:
         last_rows = torch.tensor([bounds[i][1] - 1 for i in logit_segments], device=self.device)
         return self._logits(x[last_rows])
 
+    def prefill_static(self, x, blocks, slot, last_row):
+        """A whole prompt from position 0 at a fixed row count (a prefill bucket): what a CUDA graph captures.
+
+        x: (B, hidden) embeddings, the prompt's n rows then padding; blocks: (B,) image block id per row (-1 for
+        text and padding); slot: (1,) int64; last_row: (1,) int64, n - 1. Rows past n are causal after every
+        prompt row, so no prompt row sees them; they write keys/values at positions n..B-1 of the slot, which the
+        decode steps overwrite before anything reads them. No host value is read: nothing here syncs.
+        Returns (the greedy next token (1,), its log-probability (1,)) on the device."""
+        rows = x.shape[0]
+        positions = torch.arange(rows, device=x.device)
+        masks = {sliding: self._prefill_mask(positions, rows, blocks, sliding) for sliding in (False, True)}
+        rope = {sliding: (self.cos[sliding][:rows], self.sin[sliding][:rows]) for sliding in (False, True)}
+        group = self.heads // self.kv_heads
+        for index, layer in enumerate(self.layers):
+            cos, sin = rope[layer.sliding]
+            q, k, v = self.prefill_qkv(x, layer.qkv, layer.input_norm, layer.q_norm, layer.k_norm, cos, sin)
+            self.k_cache[index][slot, :, positions] = k
+            self.v_cache[index][slot, :, positions] = v
+            # from position 0, this prompt's keys are all the keys: no read back from the cache
+            keys = k.transpose(0, 1)[None].repeat_interleave(group, dim=1)
+            values = v.transpose(0, 1)[None].repeat_interleave(group, dim=1)
+            with sdpa_kernel(PREFILL_ATTENTION):
+                attended = F.scaled_dot_product_attention(
+                    q.transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
+                )
+            x = self.prefill_out(
+                x,
+                attended[0].transpose(0, 1).reshape(rows, -1),
+                layer.o,
+                layer.post_attention_norm,
+                layer.gate_up,
+                layer.down,
+                layer.pre_feedforward_norm,
+                layer.post_feedforward_norm,
+            )
+        logprobs = torch.log_softmax(self._logits(x.index_select(0, last_row)).float(), dim=-1)
+        best = logprobs.max(dim=-1)
+        return best.indices, best.values
+
     def prefill_qkv(self, x, qkv, input_norm, q_norm, k_norm, cos, sin):
         """Normed, rotated q (n, heads, dim), k and v (n, kv_heads, dim) for n packed tokens."""
         heads, kv_heads, dim, eps = self.heads, self.kv_heads, self.head_dim, self.eps

@@ -164,6 +164,12 @@ class Scheduler:
     # --- any thread ---------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Ticket:
         image_hash = image_content_hash(request.image) if request.image is not None else None
+        preprocess = getattr(self.backend, "preprocess_film", None)  # issue 21: the film's pixels off the loop
+        if preprocess is not None and image_hash is not None:
+            try:
+                preprocess(request.image, image_hash)
+            except Exception as exc:  # the loop preprocesses it again and reports the failure with the answer
+                logger.warning("preprocessing the film early failed: %s: %s", type(exc).__name__, one_line(exc))
         ticket = Ticket(request, stats if stats is not None else GenerationStats(), image_hash)
         with self._cond:
             if self._closing:
