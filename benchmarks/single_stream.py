@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_checks import QUESTIONS, first_divergence  # noqa: E402
+from benchmarks.single_stream_analysis import timeline_gaps  # noqa: E402
 
 SHAPES = {"qkv": (4096, 2560), "o": (2560, 2048), "gate_up": (20480, 2560), "down": (2560, 10240)}
 VOCAB = (262208, 2560)
@@ -148,7 +149,7 @@ def gemv_table() -> dict:
     return table
 
 
-def graph_step_ms(step, decoder, repeats: int = 50) -> float:
+def graph_step_ms(step, decoder, repeats: int = 50):
     import torch
 
     from pytorch_backend.cuda_graphs import DecodeGraphs
@@ -191,14 +192,54 @@ def kernel_profile(step) -> dict:
     }
 
 
+def replay_timeline(graphs, replays: int = 10) -> dict:
+    """Kernel timeline of back-to-back graph replays (no host wait between them): the gaps left are the GPU's own
+    launch latency between a step's kernels, and whatever separates one replay from the next."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graphs.run([100], [300], [0])
+        torch.cuda.synchronize()
+    return timeline_gaps(_trace_kernels(prof))
+
+
+def _trace_kernels(prof) -> list[tuple[float, float]]:
+    """(start_us, duration_us) of every kernel, copy and memset in a profiler's trace."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as handle:
+        prof.export_chrome_trace(handle.name)
+        events = json.loads(Path(handle.name).read_text()).get("traceEvents", [])
+    wanted = {"kernel", "gpu_memcpy", "gpu_memset"}
+    return [(float(e["ts"]), float(e.get("dur", 0))) for e in events if e.get("cat") in wanted and "ts" in e]
+
+
+def fresh_films(count: int, first_seed: int):
+    """Films no cache has seen (new content hashes): each TTFT measure pays for its vision tower."""
+    from phantoms.films import chest_phantom, png_bytes, quantize
+    from xray_io import load_radiograph
+    from xray_io.preprocess import model_input_image
+
+    return [
+        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=first_seed + i), 8))))
+        for i in range(count)
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--budget-s", type=float, default=420.0)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=10)
-    parser.add_argument("--only", default="", help="comma-separated sections to run (default: all)")
-    parser.add_argument("--long-prompts", type=int, default=2, help="long conversations in the agreement (0: none)")
+    parser.add_argument(
+        "--only",
+        default="steps,fused_vs_current,bucketed_prefill,agreement,ttft_ms,service_ttft,gaps,answers",
+        help="comma-separated sections to run (all: also linears, demo_f1, gemv)",
+    )
+    parser.add_argument("--long-prompts", type=int, default=0, help="long conversations in the agreement (0: none)")
     args = parser.parse_args()
     began = time.perf_counter()
     import torch
@@ -206,14 +247,12 @@ def main() -> int:
 
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
+    import pytorch_backend.weight_only as weight_only
     from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-    from phantoms.films import chest_phantom, png_bytes, quantize
     from pytorch_backend.fast import FastTorchInference
     from pytorch_backend.fused_step import FusedDecodeStep
     from pytorch_backend.weight_gate import teacher_forced_agreements
     from serving.settings import DEMO_MODEL_DIR
-    from xray_io import load_radiograph
-    from xray_io.preprocess import model_input_image
 
     args.output.mkdir(parents=True, exist_ok=True)
     results: dict = {
@@ -233,6 +272,8 @@ def main() -> int:
         return args.budget_s - (time.perf_counter() - began)
 
     wanted = set(filter(None, args.only.split(",")))
+    if "all" in wanted:
+        wanted = set()
 
     def section(name: str, need_s: float, fn) -> None:
         if wanted and name not in wanted:
@@ -245,7 +286,9 @@ def main() -> int:
         try:
             results[name] = fn()
         except Exception as exc:  # one section's failure must not lose the others' figures
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            import traceback
+
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000], "trace": traceback.format_exc()[-3000:]}
         results.setdefault("section_s", {})[name] = round(time.perf_counter() - started, 1)
         save()
         print(f"[{time.perf_counter() - began:6.1f} s] {name} done", flush=True)
@@ -267,34 +310,56 @@ def main() -> int:
     fast.warm_up()
     results["startup_s"] = round(time.perf_counter() - started, 1)
     results["startup"] = fast.startup
+    results["info"] = {k: v for k, v in fast.info().details.items() if k != "startup"}
     save()
-    print(f"[{time.perf_counter() - began:6.1f} s] fast path ready", flush=True)
+    print(f"[{time.perf_counter() - began:6.1f} s] fast path ready {fast.startup}", flush=True)
     decoder = fast.decoder
     current_step, current_graphs = fast._step, fast._graphs
-    steps = {"current": current_step}
-    for weights in () if wanted == {"ttft_ms"} else ("bf16", "int8", "fp8"):
-        fused = FusedDecodeStep(decoder, weights, compile=True)
-        steps[f"fused_{weights}"] = fused
+    # name -> (weights, reduce_in_kernel, split_qkv, int8 widened by the 2^23 trick); the unsuffixed 8-bit names
+    # are the defaults (what FAST_PATH_WEIGHTS serves)
+    variants = {
+        "fused_bf16": ("bf16", True, False, True),
+        "int8_round2_split_qkv": ("int8", False, True, True),
+        "int8_unsplit_qkv": ("int8", False, False, True),
+        "int8_unsplit_qkv_i2f": ("int8", False, False, False),
+        "fused_int8": ("int8", True, False, True),
+        "fp8_sum_kernel": ("fp8", False, False, True),
+        "fused_fp8": ("fp8", True, False, True),
+    }
+    steps: dict = {"current": current_step}
+    magic: dict[str, bool] = {}
+    every_variant = not wanted or "steps" in wanted
+    defaults_only = bool({"agreement", "answers", "fused_vs_current"} & wanted)
+    for name, (weights, reduce, split_qkv, widen) in variants.items():
+        if not every_variant and not (defaults_only and name in ("fused_bf16", "fused_int8", "fused_fp8")):
+            continue
+        steps[name] = FusedDecodeStep(decoder, weights, compile=True, reduce_in_kernel=reduce, split_qkv=split_qkv)
+        magic[name] = widen
 
     def step_table() -> dict:
         table = {}
         for name, step in steps.items():
-            call = step if name == "current" else step.decode
-            ms, graphs = graph_step_ms(call, decoder)
-            table[name] = {"graph_step_ms": ms, "profile": kernel_profile(call)}
-            if name != "current":
-                table[name]["weight_gb"] = step.weight_bytes / 1e9
-                step.graphs = graphs
+            weight_only.INT8_WIDEN_BY_MAGIC = magic.get(name, True)
+            try:
+                call = step if name == "current" else step.decode
+                ms, graphs = graph_step_ms(call, decoder)
+                table[name] = {
+                    "graph_step_ms": ms,
+                    "profile": kernel_profile(call),
+                    "replay_timeline": replay_timeline(graphs),
+                }
+                if name != "current":
+                    table[name]["weight_gb"] = step.weight_bytes / 1e9
+                    step.graphs = graphs
+            finally:
+                weight_only.INT8_WIDEN_BY_MAGIC = True
+            print(f"  step {name}: {ms:.3f} ms", flush=True)
         return table
 
     section("steps", 60, step_table)
-    from pytorch_backend.weight_only import tuned_configs
+    results["tuned"] = weight_only.tuned_configs()
 
-    results["tuned"] = tuned_configs()
-
-    films = [
-        model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(args.prompts)
-    ]
+    films = fresh_films(args.prompts, 0)
     requests = [
         GenerationRequest(film, (ChatTurn("user", q),), max_new_tokens=args.tokens)
         for film, q in zip(films, QUESTIONS, strict=False)
@@ -302,6 +367,14 @@ def main() -> int:
 
     def use(graphs) -> None:
         fast._graphs = graphs
+
+    def graphs_of(name: str):
+        if name == "current":
+            return current_graphs
+        step = steps[name]
+        if getattr(step, "graphs", None) is None:
+            _, step.graphs = graph_step_ms(step.decode, decoder, repeats=3)
+        return step.graphs
 
     def tokens_of(request) -> list[int]:
         stats = GenerationStats()
@@ -311,13 +384,40 @@ def main() -> int:
     def fused_equals_current() -> dict:
         use(current_graphs)
         expected = [tokens_of(r) for r in requests]
-        use(steps["fused_bf16"].graphs)
+        use(graphs_of("fused_bf16"))
         produced = [tokens_of(r) for r in requests]
         use(current_graphs)
         rows = [first_divergence(a, b) for a, b in zip(expected, produced, strict=True)]
         return {"equal": sum(r is None for r in rows), "prompts": len(rows), "first_divergence": rows}
 
     section("fused_vs_current", 20, fused_equals_current)
+
+    def bucketed_prefill() -> dict:
+        """The bucketed, captured prefill against the packed one: same first token, same 64 tokens (current step)."""
+        use(current_graphs)
+        runs = {}
+        graphs = fast._prefill_graphs
+        for label, prefill in (("packed", None), ("bucketed", graphs)):
+            fast._prefill_graphs = prefill
+            rows = []
+            for request in requests:
+                stats = GenerationStats()
+                fast.generate(request, stats)
+                rows.append((stats.token_ids, stats.token_logprobs[0] if stats.token_logprobs else None))
+            runs[label] = rows
+        fast._prefill_graphs = graphs
+        pairs = list(zip(runs["packed"], runs["bucketed"], strict=True))
+        return {
+            "prompts": len(pairs),
+            "first_token_equal": sum(a[0][:1] == b[0][:1] for a, b in pairs),
+            "sequences_equal": sum(a[0] == b[0] for a, b in pairs),
+            "first_divergence": [first_divergence(a[0], b[0]) for a, b in pairs],
+            "max_first_logprob_diff": max(abs(a[1] - b[1]) for a, b in pairs if a[1] is not None),
+            "prompt_tokens": len(fast._encode_impl(requests[0]).ids),
+            "buckets": list(graphs.buckets) if graphs else [],
+        }
+
+    section("bucketed_prefill", 20, bucketed_prefill)
 
     long_history = []
     for index in range(6):  # about 1,730 prompt tokens with the demo tokenizer
@@ -344,58 +444,153 @@ def main() -> int:
     section("agreement", 30, agreement)
 
     ttft_question = QUESTIONS[9] + " Cover the lungs, pleura, heart, mediastinum, bones and any devices." * 6
+    seeds = iter(range(10_000, 20_000, 37))
+
+    def ttft_request(film, tokens: int = 8):
+        return GenerationRequest(film, (ChatTurn("user", ttft_question),), max_new_tokens=tokens)
+
+    def contract_ttft(preprocessed: bool) -> float:
+        """start -> images -> prefill until the first token is sampled, on a film no cache has seen."""
+        film = fresh_films(1, next(seeds))[0]
+        request = ttft_request(film)
+        if preprocessed:  # as on arrival of the film (scheduler submit / an upload hook), before the question
+            fast.preprocess_film(film)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        generation = fast.start(request)
+        fast.prepare_images([generation])
+        while not fast.prefill(generation):
+            pass
+        elapsed = (time.perf_counter() - t0) * 1e3
+        fast.finish(generation, cancelled=True)
+        return elapsed
+
+    def part_times() -> dict[str, float]:
+        """Each part alone, with a device sync around it, on a fresh film."""
+        film = fresh_films(1, next(seeds))[0]
+        prompt = fast._encode_impl(ttft_request(film))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pixels = fast.pixel_values([film])
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        features = fast._vision(pixels)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        prompt.features = features[0]
+        kv = fast._allocate_impl()
+        step = fast._prefill_batch_impl([(kv, prompt, 0, len(prompt.ids), True)])[0]
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        fast._decode_impl([kv], [step.token_id], [len(prompt.ids)])
+        t4 = time.perf_counter()
+        fast._free_impl(kv)
+        torch.cuda.synchronize()  # the step queued behind the first decode
+        names = ("preprocess", "vision", "prefill", "first_decode")
+        return {k: v * 1e3 for k, v in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True)} | {
+            "prompt_tokens": len(prompt.ids)
+        }
+
+    def medians(rows: list[dict]) -> dict:
+        return {key: statistics.median(row[key] for row in rows[1:]) for key in rows[0]}  # the first warms
 
     def ttft() -> dict:
-        """Backend-contract TTFT (start -> images -> prefill until the first token is sampled), then each part
-        timed alone with a device sync around it; the rest of the total is the contract's own overhead."""
         use(current_graphs)
-        names = ("total", "preprocess", "vision", "prefill", "first_decode")
-        parts: dict[str, list[float]] = {k: [] for k in names}
-        prompt_tokens = 0
-        for repeat in range(7):
-            film = films[repeat % len(films)]
-            request = GenerationRequest(film, (ChatTurn("user", ttft_question),), max_new_tokens=8)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+        out: dict = {}
+        vision_graph, prefill_graphs = fast._vision_graph, fast._prefill_graphs
+        configs = {
+            "round2_paths": (None, None),  # compiled tower, packed prefill: the 2026-12-01 arrangement
+            "vision_graph_only": (vision_graph, None),
+            "both_graphs": (vision_graph, prefill_graphs),
+        }
+        for label, (vision, prefill) in configs.items():
+            fast._vision_graph, fast._prefill_graphs = vision, prefill
+            out[label] = {
+                "parts": medians([part_times() for _ in range(6)]),
+                "contract_ms": statistics.median([contract_ttft(False) for _ in range(6)][1:]),
+            }
+        fast._vision_graph, fast._prefill_graphs = vision_graph, prefill_graphs
+        out["both_graphs"]["contract_preprocessed_ms"] = statistics.median([contract_ttft(True) for _ in range(6)][1:])
+        return out
+
+    section("ttft_ms", 30, ttft)
+
+    def service_ttft() -> dict:
+        """Through serving's InferenceService (scheduler thread, output thread, streaming), the real ask path:
+        submit -> the first token accepted, and -> the first text yielded; a film preprocessed on arrival vs not."""
+        from serving.service import InferenceService
+        from serving.settings import Settings
+
+        use(current_graphs)
+        service = InferenceService(Settings(), backend_factory=lambda mode, settings: fast)
+        service.start()
+        rows: dict[str, list] = {"cold": [], "preprocessed": []}
+        try:
+            for repeat in range(12):
+                kind = "preprocessed" if repeat % 2 else "cold"
+                film = fresh_films(1, next(seeds))[0]
+                if kind == "preprocessed":
+                    fast.preprocess_film(film)  # what an upload hook does when the film arrives
+                stats = GenerationStats()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                first_text = None
+                for _ in service.stream_answer(ttft_request(film, tokens=4), stats):
+                    if first_text is None:
+                        first_text = (time.perf_counter() - t0) * 1e3
+                rows[kind].append(
+                    {"first_token_ms": (stats.token_times[0] - t0) * 1e3, "first_text_ms": first_text or float("nan")}
+                )
+        finally:
+            service._current.scheduler.close(30)  # the backend stays open for the sections after this one
+        return {kind: medians(values) for kind, values in rows.items()} | {
+            "profile": service._current.scheduler.turn_profile()
+        }
+
+    section("service_ttft", 20, service_ttft)
+
+    def gaps() -> dict:
+        """Batch 1, 64 tokens through the contract's step loop, profiled: GPU idle between steps, with the next
+        step queued before the host reads this one (pipelined) and without."""
+        from torch.profiler import ProfilerActivity, profile
+
+        use(current_graphs)
+        table = {}
+        pipeline = fast._pipeline
+        for label, queued in (("pipelined", pipeline), ("one_at_a_time", None)):
+            fast._pipeline = queued
+            request = ttft_request(fresh_films(1, next(seeds))[0], tokens=args.tokens)
+            request = GenerationRequest(request.image, request.turns, max_new_tokens=args.tokens)
             generation = fast.start(request)
             fast.prepare_images([generation])
             while not fast.prefill(generation):
                 pass
             torch.cuda.synchronize()
-            parts["total"].append((time.perf_counter() - t0) * 1e3)
-            fast.finish(generation, cancelled=True)
-            prompt = fast._encode_impl(request)
-            prompt_tokens = len(prompt.ids)
+            steps_run = 0
             t0 = time.perf_counter()
-            pixels = fast.pixel_values([film])
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            with torch.inference_mode():
-                features = fast._vision_one(pixels)
-            torch.cuda.synchronize()
-            t2 = time.perf_counter()
-            prompt.features = getattr(features, "pooler_output", features)[0]
-            kv = fast._allocate_impl()
-            fast._prefill_impl(kv, prompt, 0, len(prompt.ids), True)
-            torch.cuda.synchronize()
-            t3 = time.perf_counter()
-            fast._decode_impl([kv], [100], [len(prompt.ids)])
-            t4 = time.perf_counter()
-            fast._free_impl(kv)
-            for key, value in zip(names[1:], (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
-                parts[key].append(value * 1e3)
-        medians = {key: statistics.median(values[1:]) for key, values in parts.items()}  # the first warms caches
-        medians["contract_overhead"] = medians["total"] - sum(medians[k] for k in ("preprocess", "vision", "prefill"))
-        medians["prompt_tokens"] = prompt_tokens
-        return medians
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                while not generation.done:
+                    fast.step([generation])
+                    steps_run += 1
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+            fast.finish(generation, cancelled=True)
+            table[label] = timeline_gaps(_trace_kernels(prof)) | {
+                "steps": steps_run,
+                "wall_ms_per_step": wall * 1e3 / max(steps_run, 1),
+            }
+        fast._pipeline = pipeline
+        return table
 
-    section("ttft_ms", 20, ttft)
+    section("gaps", 20, gaps)
 
     def answers() -> dict:
         table = {}
         for name in ("current", "fused_bf16", "fused_int8", "fused_fp8"):
-            use(current_graphs if name == "current" else steps[name].graphs)
-            times, decode = [], []
+            if name not in steps:
+                continue
+            use(graphs_of(name))
+            times = []
             for repeat in range(3):
                 request = GenerationRequest(films[repeat], (ChatTurn("user", QUESTIONS[0]),), max_new_tokens=128)
                 stats = GenerationStats()
@@ -403,71 +598,52 @@ def main() -> int:
                 t0 = time.perf_counter()
                 fast.generate(request, stats)
                 times.append(time.perf_counter() - t0)
-                decode.append(getattr(stats, "decode_ms_per_token", None))
-            table[name] = {"answer_128_s": statistics.median(times), "tokens": len(stats.token_ids), "decode": decode}
+            per_token = [b - a for a, b in zip(stats.token_times, stats.token_times[1:], strict=False)]
+            table[name] = {
+                "answer_128_s": statistics.median(times),
+                "tokens": len(stats.token_ids),
+                "first_token_ms": (stats.first_token_s or 0) * 1e3,
+                "ms_per_token": statistics.median(per_token) * 1e3 if per_token else None,
+            }
         use(current_graphs)
         return table
 
     section("answers", 20, answers)
-
-    def demo_f1() -> dict:
-        from engine_build.task_gate import measure_task_accuracy
-
-        demo_bf16 = FastTorchInference(
-            DEMO_MODEL_DIR, device="cuda", slots=2, max_sequence=1024, compile=False, cuda_graphs=False
-        )
-        demo_int8 = FastTorchInference(
-            DEMO_MODEL_DIR,
-            preloaded=(demo_bf16.model, demo_bf16.processor),
-            slots=2,
-            max_sequence=1024,
-            compile=False,
-            cuda_graphs=False,
-            weights="int8",
-        )
-        demo_int8.warm_up()  # the start gate, on the GPU
-        record = measure_task_accuracy(demo_bf16, demo_int8, phantoms=24, start_seed=900_000, max_drop=0.01)
-        return {
-            "gate": demo_int8.startup.get("weight_gate"),
-            "task": {k: v for k, v in record.items() if k in ("macro_f1_drop", "passed", "failures")},
-            "bf16_macro_f1": record["pytorch"]["macro_f1"],
-            "int8_macro_f1": record["bundle"]["macro_f1"],
-        }
-
-    section("demo_f1", 40, demo_f1)
     section("gemv", 10, gemv_table)
+    results["pipeline"] = {"hits": fast._pipeline.hits, "misses": fast._pipeline.misses} if fast._pipeline else None
     results["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     save()
+    print_table(results)
+    print(f"| skipped | {results['skipped']} | elapsed {time.perf_counter() - began:.0f} s |")
+    return 0
 
+
+def print_table(results: dict) -> None:
     print("\n| figure | value |\n|---|---|")
     for name, row in (results.get("steps") or {}).items():
-        if "graph_step_ms" in row:
-            p = row["profile"]
+        if isinstance(row, dict) and "graph_step_ms" in row:
+            p, g = row["profile"], row["replay_timeline"]
             print(
-                f"| step {name} | {row['graph_step_ms']:.3f} ms graph; {p['kernels_per_step']:.0f} kernels, {p['kernel_ms_per_step']:.3f} ms |"
+                f"| step {name} | {row['graph_step_ms']:.3f} ms; {p['kernels_per_step']:.0f} kernels "
+                f"{p['kernel_ms_per_step']:.3f} ms; replay idle {g['idle_fraction']:.3f} |"
             )
-    lin = results.get("linears", {})
-    if "step_linears_ms" in lin:
-        print(
-            f"| step linears alone (ms) | {json.dumps({k: round(v, 3) for k, v in lin['step_linears_ms'].items()})} |"
-        )
-    for key in ("fused_vs_current", "ttft_ms", "answers", "demo_f1"):
-        print(f"| {key} | {json.dumps(results.get(key), default=str)[:600]} |")
+        else:
+            print(f"| step {name} | {json.dumps(row)[:400]} |")
+    for key in ("fused_vs_current", "bucketed_prefill", "answers", "service_ttft", "gaps"):
+        if key in results:
+            print(f"| {key} | {json.dumps(results.get(key), default=str)[:700]} |")
+    for label, row in (results.get("ttft_ms") or {}).items():
+        print(f"| ttft {label} | {json.dumps(row, default=str)[:500]} |")
     for weights, row in (results.get("agreement") or {}).items():
         if isinstance(row, dict) and "short" in row:
             for kind in [kind for kind in ("short", "long") if kind in row]:
                 r = row[kind]
                 print(
-                    f"| {weights} {kind} | top1 {r['top1_agreement']:.4f} mean KL {r['mean_kl']:.3g} max KL {r['max_kl']:.3g} ({r['tokens']} tokens) |"
+                    f"| {weights} {kind} | top1 {r['top1_agreement']:.4f} mean KL {r['mean_kl']:.3g} "
+                    f"max KL {r['max_kl']:.3g} ({r['tokens']} tokens) |"
                 )
-    for name, row in (results.get("gemv") or {}).items():
-        if isinstance(row, dict) and "int8" in row:
-            cells = "; ".join(
-                f"{f} {row[f]['us_per_call']} us {row[f]['tb_per_s']} TB/s" for f in ("int8", "fp8", "cublas_bf16")
-            )
-            print(f"| gemv {name} ({row['mode']}) | {cells} |")
-    print(f"| skipped | {results['skipped']} | elapsed {time.perf_counter() - began:.0f} s |")
-    return 0
+        else:
+            print(f"| agreement {weights} | {json.dumps(row)[:300]} |")
 
 
 if __name__ == "__main__":

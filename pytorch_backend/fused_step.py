@@ -33,6 +33,7 @@ from pytorch_backend.weight_only import (
     quantize_weight,
     weight_only_gelu_glu,
     weight_only_linear,
+    weight_only_linear_reduced,
     weight_only_linear_split,
 )
 
@@ -108,11 +109,23 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 class FusedDecodeStep:
     """decode(tokens, positions, slots) -> (ids, logprobs), as StaticGemmaDecoder.decode, over `decoder`'s state."""
 
-    def __init__(self, decoder, weights: str = "bf16", compile: bool = False) -> None:
+    def __init__(
+        self,
+        decoder,
+        weights: str = "bf16",
+        compile: bool = False,
+        reduce_in_kernel: bool = True,
+        split_qkv: bool = False,
+    ) -> None:
+        """reduce_in_kernel (8-bit, batch 1): the o and down GEMVs sum their split-K partials inside the kernel
+        (round 3) rather than in a separate kernel after it; split_qkv: qkv through the split GEMV too (round 2's
+        arrangement, kept to measure against)."""
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"FAST_PATH_WEIGHTS must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")
         self.decoder = decoder
         self.weights = weights
+        self.reduce_in_kernel = reduce_in_kernel
+        self.split_qkv = split_qkv
         self.matrices = [self._matrices(layer) for layer in decoder.layers]
         if weights == "bf16":
             self.lm_head, self.lm_head_scale = decoder.lm_head, None
@@ -247,11 +260,12 @@ class FusedDecodeStep:
         heads, kv_heads, dim, eps = d.heads, d.kv_heads, d.head_dim, d.eps
         batch = x.shape[0]
         one_row = batch == 1 and qkv_scale is not None  # the 8-bit GEMV path (batch is specialised at 1)
-        linear = _linear_split if one_row else _linear
+        linear = (_linear_reduced if self.reduce_in_kernel else _linear_split) if one_row else _linear
         h = normed if normed is not None else _rms_norm(x, input_norm, eps)
         # qkv unsplit: the H200 profile (2026-12-01) showed the split partials' sum plus one copy each for q, k
         # and v (four kernels a layer) in front of the attention op, and int8 chose no split for it anyway
-        q, k, v = _linear(h, qkv, qkv_scale).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        qkv_linear = linear if self.split_qkv and one_row else _linear
+        q, k, v = qkv_linear(h, qkv, qkv_scale).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
         window = d.window if sliding else 0
         q, k, v = q.view(batch, heads, dim), k.view(batch, kv_heads, dim), v.view(batch, kv_heads, dim)
         if qkv_scale is not None:  # 8-bit: q/k norm and rotary inside the attention kernel (two kernels fewer)
@@ -301,6 +315,11 @@ def _linear_split(x, weight, scale):
     """8-bit, one row: the split-K GEMV's fp32 partials, summed in the compiled graph (and cast to x's dtype, as
     the unsplit kernel's output). On the H200 Inductor gave the sum a kernel of its own (2026-12-01)."""
     return weight_only_linear_split(x, weight, scale).sum(0).to(x.dtype)
+
+
+def _linear_reduced(x, weight, scale):
+    """8-bit, one row: the split-K GEMV whose last program per column block adds the partials (no sum kernel)."""
+    return weight_only_linear_reduced(x, weight, scale)
 
 
 def _rms_norm(x, weight, eps: float):

@@ -161,9 +161,37 @@ def _(x, data, scale):
     return x.new_empty((*x.shape[:-1], data.shape[0] // 2))
 
 
-def triton_gemv(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None, split=False, glu=False):
-    """One row of x against data: the split-K partials (split), the gelu-gated product (glu), or the plain product
-    in x's dtype (neither)."""
+@torch.library.custom_op("medgemma::weight_only_linear_reduced", mutates_args=())
+def weight_only_linear_reduced(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x @ (data * scale).T in x's dtype, at one row through the split-K GEMV whose last program of each column
+    block adds the splits' partials (issue 21, round 3): no separate sum kernel, no (SPLITS, n) output."""
+    if x.is_cuda and x.reshape(-1, x.shape[-1]).shape[0] == 1:
+        return triton_gemv(x, data, scale, reduce=True)
+    return reference_weight_only_linear(x, data, scale)
+
+
+@weight_only_linear_reduced.register_fake
+def _(x, data, scale):
+    return x.new_empty((*x.shape[:-1], data.shape[0]))
+
+
+INT8_WIDEN_BY_MAGIC = True  # int8 -> fp32 by the 2^23 trick (no I2F); False: the plain conversion (benchmarks)
+
+
+@functools.cache
+def _reduction_buffers(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(SPLITS, n) fp32 partials and one arrival counter per column block (at least 8 columns a block), shared by
+    every reduced GEMV of width n on the device: launches on one stream run one after another, and the last
+    program of a block resets its counter. Made at the first (warm-up) call, never inside a graph capture."""
+    return (
+        torch.empty((SPLITS, n), device=device, dtype=torch.float32),
+        torch.zeros((triton_cdiv(n, 8),), device=device, dtype=torch.int32),
+    )
+
+
+def triton_gemv(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None, split=False, glu=False, reduce=False):
+    """One row of x against data: the split-K partials (split), the gelu-gated product (glu), the split-K product
+    summed inside the kernel (reduce), or the plain product in x's dtype (none of them)."""
     kernels = _kernels()
     k = x.shape[-1]
     if x.numel() != k:
@@ -179,18 +207,23 @@ def triton_gemv(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor | None,
         launcher = kernels.gemv_split
     else:
         out = torch.empty((n,), device=x.device, dtype=x.dtype)
-        launcher = kernels.gemv_glu if glu else kernels.gemv
+        launcher = kernels.gemv_reduce if reduce else kernels.gemv_glu if glu else kernels.gemv
+    partials, counters = _reduction_buffers(x.device, n) if reduce else (out, out)
     launcher[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta.get("SPLIT", 1))](
         row,
         data,
         scale if scale is not None else out,  # unread when HAS_SCALE is false
         out,
+        partials,  # unread unless REDUCE
+        counters,
         n,
         k,
         data.stride(0),
         HAS_SCALE=scale is not None,
         GLU=glu,
         S_MAX=SPLITS if split else 1,
+        REDUCE=reduce,
+        MAGIC_I8=INT8_WIDEN_BY_MAGIC,
     )
     if split:
         return out.reshape(SPLITS, *x.shape[:-1], n)
@@ -243,7 +276,10 @@ CONFIGS = tuple(
 
 # The GEMV's candidates. Compile time matters (each is compiled on the GPU host at first use): SPLIT is a run-time
 # argument, so the four split counts share one compiled kernel per block shape.
-GEMV_BLOCKS = ((8, 512), (16, 256), (16, 512), (32, 256))  # fp32 accumulators: 32-64 registers a thread
+# (BLOCK_N, BLOCK_K, warps): fp32 accumulators, 32-64 registers a thread. Round 3 added the 8-warp shapes: the
+# round-2 profile had the GEMV at 2.1-2.5 TB/s, too few bytes in flight per SM (more threads a program, same
+# registers a thread, twice the loads outstanding).
+GEMV_BLOCKS = ((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8), (8, 1024, 8))
 GEMV_SPLITS = (1, 2, 4, 8)
 GLU_BLOCKS = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (16, 512, 8))  # two accumulators: 8 warps at the largest
 
@@ -302,6 +338,8 @@ def _kernels():
         w,
         scale,
         out,
+        partials,
+        counters,
         n,
         k,
         w_n,
@@ -309,6 +347,8 @@ def _kernels():
         HAS_SCALE: tl.constexpr,
         GLU: tl.constexpr,
         S_MAX: tl.constexpr,
+        REDUCE: tl.constexpr,
+        MAGIC_I8: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
@@ -340,7 +380,7 @@ def _kernels():
                 xv = tl.load(x + ks, mask=k_ok, other=0.0).to(tl.float32)
                 mask = col_ok[:, None] & k_ok[None, :]
             wt = tl.load(w + cols[:, None] * w_n + ks[None, :], mask=mask, other=0.0)
-            if wt.dtype == tl.int8:
+            if wt.dtype == tl.int8 and MAGIC_I8:
                 wf = ((wt.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint32) | 0x4B000000).to(tl.float32, bitcast=True)
                 wf = wf - 8388736.0
             else:
@@ -348,7 +388,7 @@ def _kernels():
             acc += wf * xv[None, :]
             if GLU:
                 ut = tl.load(w + (cols + n)[:, None] * w_n + ks[None, :], mask=mask, other=0.0)
-                if ut.dtype == tl.int8:
+                if ut.dtype == tl.int8 and MAGIC_I8:
                     uf = (ut.to(tl.uint8, bitcast=True) ^ 0x80).to(tl.uint32) | 0x4B000000
                     uf = uf.to(tl.float32, bitcast=True) - 8388736.0
                 else:
@@ -364,7 +404,24 @@ def _kernels():
             inner_arg = 0.7978845608028654 * (y + 0.044715 * y * y * y)
             tanh = 1.0 - 2.0 / (tl.exp(2.0 * inner_arg) + 1.0)  # overflow-safe: exp -> inf gives 1, -> 0 gives -1
             y = 0.5 * y * (1.0 + tanh) * up
-        tl.store(out + pid_s * n + cols, y.to(out.dtype.element_ty), mask=col_ok)
+        if REDUCE:
+            # The last program to arrive at this column block adds every split's partial, in split order (the
+            # sum does not depend on who arrives last), writes the output and re-arms the counter. The barrier
+            # makes this program's partial stores visible before its arrival is (release by the arriving thread).
+            if SPLIT == 1:
+                tl.store(out + cols, y.to(out.dtype.element_ty), mask=col_ok)
+            else:
+                tl.store(partials + pid_s * n + cols, y, mask=col_ok)
+                tl.debug_barrier()
+                arrived = tl.atomic_add(counters + pid_n, 1, sem="acq_rel")
+                if arrived == SPLIT - 1:
+                    total = tl.zeros([BLOCK_N], dtype=tl.float32)
+                    for s in range(0, SPLIT):
+                        total += tl.load(partials + s * n + cols, mask=col_ok, other=0.0, cache_modifier=".cg")
+                    tl.store(out + cols, total.to(out.dtype.element_ty), mask=col_ok)
+                    tl.atomic_xchg(counters + pid_n, 0)
+        else:
+            tl.store(out + pid_s * n + cols, y.to(out.dtype.element_ty), mask=col_ok)
         if S_MAX > 1:  # noqa: SIM102 (a compile-time branch around a run-time one)
             if pid_s == 0:  # the rows no split wrote: zeros, so the caller's sum over S_MAX rows is exact
                 for s in range(SPLIT, S_MAX):
@@ -387,31 +444,34 @@ def _kernels():
         gemv_split = triton.heuristics({"BLOCK_N": lambda _: 8, "BLOCK_K": lambda _: 32, "SPLIT": lambda _: 3})(
             gemv_kernel_even
         )
+        gemv_reduce = gemv_split
     else:
         configs = [
             triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=warps, num_stages=stages)
             for bn, bk, warps, stages in CONFIGS
         ]
         tuned = triton.autotune(configs, key=["n", "k", "BLOCK_M", "HAS_SCALE"])(linear_kernel)
-        key = ["n", "k", "HAS_SCALE", "GLU", "S_MAX"]
-        plain = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1}, num_warps=4) for bn, bk in GEMV_BLOCKS]
+        key = ["n", "k", "HAS_SCALE", "GLU", "S_MAX", "REDUCE"]
+        plain = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1}, num_warps=w) for bn, bk, w in GEMV_BLOCKS]
         split = [
-            triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": s}, num_warps=4)
-            for bn, bk in GEMV_BLOCKS
+            triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": s}, num_warps=w)
+            for bn, bk, w in GEMV_BLOCKS
             for s in GEMV_SPLITS
         ]
         glu = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": 1}, num_warps=w) for bn, bk, w in GLU_BLOCKS]
         gemv = triton.autotune(plain, key=key, do_bench=cold_bench)(gemv_kernel_even)
         gemv_split = triton.autotune(split, key=key, do_bench=cold_bench)(gemv_kernel_even)
         gemv_glu = triton.autotune(glu, key=key, do_bench=cold_bench)(gemv_kernel_even)
+        gemv_reduce = triton.autotune(split, key=key, do_bench=cold_bench)(gemv_kernel_even)
 
     class Kernels:
         raw = linear_kernel
         linear = tuned
         raw_gemv = gemv_kernel
-        tuners = {"gemv": gemv, "gemv_split": gemv_split, "gemv_glu": gemv_glu}
+        tuners = {"gemv": gemv, "gemv_split": gemv_split, "gemv_glu": gemv_glu, "gemv_reduce": gemv_reduce}
 
     Kernels.gemv, Kernels.gemv_split, Kernels.gemv_glu = gemv, gemv_split, gemv_glu
+    Kernels.gemv_reduce = gemv_reduce
 
     return Kernels
 

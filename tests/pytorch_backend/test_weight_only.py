@@ -17,6 +17,8 @@ from pytorch_backend.weight_only import (
 )
 from tests.conftest import REPO_ROOT
 
+GEMV_CONSTEXPRS = ["HAS_SCALE", "GLU", "S_MAX", "REDUCE", "MAGIC_I8", "BLOCK_N", "BLOCK_K", "EVEN_K"]
+
 
 @pytest.mark.parametrize("fmt", ["int8", "fp8"])
 def test_per_channel_quantisation_reconstructs_and_a_broken_scale_does_not(fmt):
@@ -59,7 +61,10 @@ for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K
         poison = torch.full((SPLITS, 1, w.shape[0]), float("nan"))
         partials = triton_gemv(x, q.data, q.scale, split=True)
         assert partials.shape == poison.shape and torch.isfinite(partials).all()
-        for produced in (triton_gemv(x, q.data, q.scale), partials.sum(0)):
+        reduced = triton_gemv(x, q.data, q.scale, reduce=True)  # the splits summed by the last program
+        reduced_again = triton_gemv(x, q.data, q.scale, reduce=True)  # the counters were re-armed
+        assert torch.equal(reduced, reduced_again)
+        for produced in (triton_gemv(x, q.data, q.scale), partials.sum(0), reduced):
             worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
         expected = reference_weight_only_linear(x, w, None)
         produced = triton_gemv(x, w, None)
@@ -142,9 +147,9 @@ def test_weight_only_kernel_compiles_for_the_h200(weight_type):
 
 
 @pytest.mark.parametrize("weight_type", ["*i8", "*fp8e4nv", "*bf16"])
-@pytest.mark.parametrize("variant", ["plain", "split", "glu"])
+@pytest.mark.parametrize("variant", ["plain", "split", "glu", "reduce"])
 def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
-    """The one-row GEMV (plain, split-K partials, gelu-gated gate/up) compiles to SM 9.0 code for each format, at
+    """The one-row GEMV (plain, split-K partials, gelu-gated gate/up, split-K summed in the kernel) compiles to SM 9.0 code for each format, at
     the largest block shape the autotuner may pick, with 16-byte weight loads (ld.global.v4 in the PTX)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -157,20 +162,24 @@ def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
         "w": weight_type,
         "scale": "*fp32",
         "out": "*fp32" if variant == "split" else "*bf16",
+        "partials": "*fp32",
+        "counters": "*i32",
         **dict.fromkeys(["n", "k", "w_n", "SPLIT"], "i32"),
-        **dict.fromkeys(["HAS_SCALE", "GLU", "S_MAX", "BLOCK_N", "BLOCK_K", "EVEN_K"], "constexpr"),
+        **dict.fromkeys(GEMV_CONSTEXPRS, "constexpr"),
     }
-    block_n, block_k, warps = GLU_BLOCKS[-1] if variant == "glu" else (*GEMV_BLOCKS[-1], 4)
+    block_n, block_k, warps = GLU_BLOCKS[-1] if variant == "glu" else GEMV_BLOCKS[-1]
     sizes = {
         "HAS_SCALE": weight_type != "*bf16",
         "GLU": variant == "glu",
         "S_MAX": SPLITS if variant == "split" else 1,
+        "REDUCE": variant == "reduce",
+        "MAGIC_I8": True,
         "BLOCK_N": block_n,
         "BLOCK_K": block_k,
         "EVEN_K": True,
     }
     # at run time Triton specialises 16-byte-aligned pointers and multiples of 16 (k = w_n = 2560 etc.) as such
-    attrs = {(index,): [["tt.divisibility", 16]] for index in range(7)}
+    attrs = {(index,): [["tt.divisibility", 16]] for index in range(9)}
     compiled = triton.compile(
         ASTSource(fn=_kernels().raw_gemv, signature=signature, constexprs=sizes, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),
@@ -181,6 +190,8 @@ def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
 
     ptx = compiled.asm["ptx"]
     assert "ld.global.v4.b32" in ptx and "ld.global.b8" not in ptx, "the weight rows must load 16 bytes at a time"
+    if variant == "reduce":  # the splits' sum in the kernel: one arrival counter, partials read past L1
+        assert "atom.global.gpu.acq_rel.add" in ptx and "ld.global.cg" in ptx
 
 
 def test_int8_gemv_widens_without_the_conversion_unit(tmp_path):
@@ -195,11 +206,12 @@ def test_int8_gemv_widens_without_the_conversion_unit(tmp_path):
     from pytorch_backend.weight_only import _kernels
 
     signature = {
-        **{"x": "*bf16", "w": "*i8", "scale": "*fp32", "out": "*fp32"},
+        **{"x": "*bf16", "w": "*i8", "scale": "*fp32", "out": "*fp32", "partials": "*fp32", "counters": "*i32"},
         **dict.fromkeys(["n", "k", "w_n", "SPLIT"], "i32"),
-        **dict.fromkeys(["HAS_SCALE", "GLU", "S_MAX", "BLOCK_N", "BLOCK_K", "EVEN_K"], "constexpr"),
+        **dict.fromkeys(GEMV_CONSTEXPRS, "constexpr"),
     }
     sizes = {"HAS_SCALE": True, "GLU": False, "S_MAX": 8, "BLOCK_N": 8, "BLOCK_K": 512, "EVEN_K": True}
+    sizes.update(REDUCE=False, MAGIC_I8=True)
     compiled = triton.compile(
         ASTSource(fn=_kernels().raw_gemv, signature=signature, constexprs=sizes),
         target=GPUTarget("cuda", 90, 32),
