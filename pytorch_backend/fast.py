@@ -25,6 +25,8 @@ from pytorch_backend.prefill_graphs import DEFAULT_PREFILL_BUCKETS, image_rows
 
 if TYPE_CHECKING:
     from pytorch_backend.cuda_graphs import DecodeGraphs
+    from pytorch_backend.pipelined_decode import PipelinedDecode
+    from pytorch_backend.prefill_graphs import PrefillGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -97,9 +99,9 @@ class FastTorchInference(TorchInference):
         if prefill_buckets is None:
             prefill_buckets = DEFAULT_PREFILL_BUCKETS if self.use_graphs else ()
         self.prefill_buckets = tuple(prefill_buckets)
-        self._prefill_graphs = None  # PrefillGraphs, made in warm-up (captured there with CUDA graphs)
+        self._prefill_graphs: PrefillGraphs | None = None  # made in warm-up (captured there with CUDA graphs)
         self.use_pipelined = self.use_graphs if pipelined is None else pipelined
-        self._pipeline = None  # PipelinedDecode, made in warm-up
+        self._pipeline: PipelinedDecode | None = None  # made in warm-up
         self._last_launch: tuple | None = None  # the eager path's last step inputs, for launch_next
         self.use_vision_graph = self.use_graphs if vision_graph is None else vision_graph
         self._vision_graph: tuple | None = None  # (graph, static pixels, static features)
@@ -109,7 +111,7 @@ class FastTorchInference(TorchInference):
         blocks = int(prefix_cache_gib * 2**30) // self.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
         self.decoder.allocate_prefix_pool(blocks, PREFIX_BLOCK_TOKENS)
         self.prefix_cache = PrefixBlockCache(blocks, PREFIX_BLOCK_TOKENS)
-        self.startup: dict[str, float] = {"load_s": round(self.load_s, 2)}
+        self.startup: dict[str, float | str] = {"load_s": round(self.load_s, 2)}
         logger.info(
             "fast path: %d slots x %d tokens of static KV cache (%.2f GiB), prefix pool %d blocks (%.2f GiB), "
             "compile=%s, CUDA graphs=%s",
@@ -184,7 +186,7 @@ class FastTorchInference(TorchInference):
                 return static_features.clone()  # the image cache keeps it; the next replay overwrites the buffer
             # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
             vision = self._vision_one if pixels.shape[0] == 1 else self.model.get_image_features
-            features = vision(pixels)  # type: ignore[operator]
+            features = vision(pixels)
             return getattr(features, "pooler_output", features)
 
     def _capture_vision(self) -> None:
@@ -239,6 +241,7 @@ class FastTorchInference(TorchInference):
     def _prefill_bucketed(self, kv: SlotState, prompt: Prompt, end: int) -> TokenStep:
         torch = self._torch
         graphs = self._prefill_graphs
+        assert graphs is not None  # the caller checked
         with _nvtx(self, "prefill.embed"), torch.inference_mode():
             ids = prompt.ids[:end]
             rows, blocks = image_rows(ids, self.image_token_id)
@@ -249,7 +252,7 @@ class FastTorchInference(TorchInference):
                 index = torch.tensor(rows).to(self.device)
                 embeds[index] = features[index - rows[0]]
         with _nvtx(self, "prefill.graph"), torch.inference_mode():
-            token, logprob = graphs.run(kv.slot, embeds, blocks)  # type: ignore[union-attr]
+            token, logprob = graphs.run(kv.slot, embeds, blocks)
             return TokenStep(int(token.tolist()[0]), float(logprob.tolist()[0]))
 
     def _prompt_logits_impl(self, kv: SlotState, prompt: Prompt):
@@ -355,7 +358,7 @@ class FastTorchInference(TorchInference):
             from pytorch_backend.pipelined_decode import PipelinedDecode
 
             self._pipeline = PipelinedDecode(
-                self._launch, self._launch_next, self.max_sequence, max(self.batch_buckets), self.device
+                self._launch, self._launch_next, self.decoder.max_len, max(self.batch_buckets), self.device
             )
         if self.use_graphs or self.use_pipelined or self._prefill_graphs is not None:
             super()._warm_up_impl()
