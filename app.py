@@ -153,6 +153,7 @@ def build_ui(service, uploads=None):
         # Warnings appear once, in the notes (not also as toasts, which stacked on repeated uploads).
         notes = film_notes_markdown(film, service.info(), extra_warnings)
         loaded = (case if isinstance(case, Case) else Case()).with_film(kept_film, image)
+        service.prepare_film(image)  # the vision tower's input made now, not inside the first question's wait
         return preview, notes, [], "", loaded
 
     def ask(question: str, case: Case):

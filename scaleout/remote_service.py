@@ -134,6 +134,10 @@ class ReplicaSetService:
     def image_features(self, images):
         raise RequestError("image features are served by each replica, not through the ingress")
 
+    def prepare_film(self, image) -> None:
+        """Nothing to do ahead here: the film crosses to a replica with its question (the replica that holds the
+        conversation is known only then), and that replica's scheduler prepares it on submit."""
+
     def forget_conversation(self, conversation_id: str) -> None:
         # Not awaited: Gradio may call this on its event loop, and a dead replica took the conversation with it.
         self._handle.forget.remote(conversation_id, routing_key=conversation_id)

@@ -279,6 +279,21 @@ class InferenceService:
         for served in loaded:
             served.backend.forget(conversation_id)
 
+    def prepare_film(self, image) -> None:
+        """Get a film ready for the vision tower as it arrives (upload), before anyone asks about it: a backend
+        with a preprocess_film hook (the PyTorch fast path) keeps its resized, normalised pixels by content hash,
+        so a question's first token does not wait for them (7-9 ms on the H200 host, issue 21). Others ignore it.
+        A failure here only costs that time later: the answer path preprocesses again and reports any error."""
+        with self._state:
+            current = self._current
+        preprocess = getattr(current.backend, "preprocess_film", None) if current is not None else None
+        if preprocess is None:
+            return
+        try:
+            preprocess(image)
+        except Exception as exc:
+            logger.warning("preparing a film on arrival failed: %s: %s", type(exc).__name__, one_line(exc))
+
     # --- switching ------------------------------------------------------------------------------------------------
     def switch_to(self, target: Mode | str, reason: str = "operator request") -> SwitchRecord:
         """Hot-switch to `target`. Raises SwitchError and changes nothing if it cannot load."""

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_optimizer
+from tests.conftest import WITHOUT_THE_F1_GATE, run_optimizer
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,10 @@ def build_args(demo_model_dir, films, out, *extra) -> list[str]:
         "--target",
         "none",
         "--max_seq_len",
-        "1024",
+        "512",
         "--max_batch",
         "2",
+        *WITHOUT_THE_F1_GATE,
         *extra,
     ]
 

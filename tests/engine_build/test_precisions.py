@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import run_optimizer
+from tests.conftest import WITHOUT_THE_F1_GATE, run_optimizer
 
 pytestmark = pytest.mark.slow
 FP16, FP32 = 10, 1
@@ -31,6 +31,7 @@ def build_args(demo_model_dir, films, out, precision, *extra) -> list[str]:
         "--allow_few_films",
         "--verify_tokens",
         "8",
+        *WITHOUT_THE_F1_GATE,
         *extra,
     ]
 

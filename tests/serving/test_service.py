@@ -74,3 +74,21 @@ def test_unknown_mode_and_missing_engine_leave_the_mode_alone(tmp_path):
         assert service.mode == "pytorch" and service.trt_state.startswith("Failed (No engine bundle configured")
     finally:
         service.close()
+
+
+def test_a_film_uploaded_to_the_fast_path_is_preprocessed_before_the_question(tmp_path, demo_model_dir, image):
+    """The upload handler calls prepare_film: the question's prefill finds the film's pixels already made."""
+    from inference_api.shared_caches import image_content_hash
+
+    settings = Settings(model_path=demo_model_dir, log_dir=tmp_path, device="cpu", torch_path="fast")
+    service = InferenceService(settings)
+    service.start()
+    try:
+        backend = service._current.backend
+        service.prepare_film(image)
+        assert image_content_hash(image) in backend.pixel_cache
+        hits = backend.pixel_cache.hits
+        answer = list(service.stream_answer(GenerationRequest(image, (ChatTurn("user", "Findings?"),), 4)))
+        assert answer and backend.pixel_cache.hits == hits + 1
+    finally:
+        service.close()
