@@ -633,6 +633,37 @@ def main() -> int:
         return table
 
     section("answers", 20, answers)
+
+    def demo_f1() -> dict:
+        """The trained demo checkpoint on the GPU, 24 held-out phantoms x 8 findings through the F1 gate
+        (engine_build.task_gate): bf16 against each 8-bit mode, with that mode's start gate run first."""
+        from engine_build.task_gate import measure_task_accuracy
+
+        demo_bf16 = FastTorchInference(
+            DEMO_MODEL_DIR, device="cuda", slots=2, max_sequence=1024, compile=False, cuda_graphs=False
+        )
+        table: dict = {}
+        for weights in ("int8", "fp8"):
+            demo_8bit = FastTorchInference(
+                DEMO_MODEL_DIR,
+                preloaded=(demo_bf16.model, demo_bf16.processor),
+                slots=2,
+                max_sequence=1024,
+                compile=False,
+                cuda_graphs=False,
+                weights=weights,
+            )
+            demo_8bit.warm_up()  # the start gate, on the GPU
+            record = measure_task_accuracy(demo_bf16, demo_8bit, phantoms=24, start_seed=900_000, max_drop=0.01)
+            table[weights] = {
+                "gate": demo_8bit.startup.get("weight_gate"),
+                "task": {k: v for k, v in record.items() if k in ("macro_f1_drop", "passed", "failures")},
+                "bf16_macro_f1": record["pytorch"]["macro_f1"],
+                "macro_f1": record["bundle"]["macro_f1"],
+            }
+        return table
+
+    section("demo_f1", 40, demo_f1)
     section("gemv", 10, gemv_table)
     results["pipeline"] = {"hits": fast._pipeline.hits, "misses": fast._pipeline.misses} if fast._pipeline else None
     results["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -653,7 +684,7 @@ def print_table(results: dict) -> None:
             )
         else:
             print(f"| step {name} | {json.dumps(row)[:400]} |")
-    for key in ("fused_vs_current", "bucketed_prefill", "answers", "service_ttft", "gaps"):
+    for key in ("fused_vs_current", "bucketed_prefill", "agreement", "answers", "service_ttft", "gaps", "demo_f1"):
         if key in results:
             print(f"| {key} | {json.dumps(results.get(key), default=str)[:700]} |")
     for label, row in (results.get("ttft_ms") or {}).items():

@@ -32,6 +32,34 @@ def _isolated_variables() -> frozenset[str]:
 ISOLATED_VARIABLES = _isolated_variables()
 
 
+# The longest files (2026-12-02, 2 cores), handed to the two workers first so that neither is left with one of
+# them at the end while the other idles. Order only: every collected test still runs.
+LONGEST_FIRST = (
+    "test_session_memory.py",
+    "test_operations.py",
+    "test_ray_serve.py",
+    "test_task_gate.py",
+    "test_lifecycle.py",
+    "test_load.py",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    def rank(item) -> int:
+        return LONGEST_FIRST.index(item.path.name) if item.path.name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in order
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist, each worker (and every server and build it starts, which inherit the environment) gets
+    its share of the cores for torch's and OpenMP's thread pools. Two workers each running torch on every core
+    spin against each other: the fast loop took 4 min 40 s on 2 workers this way against 2 min 46 s on one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     from demo_model.install import install_trained_checkpoint

@@ -82,12 +82,14 @@ def two_runs(tmp_path_factory):
     return root / "a", root / "b"
 
 
+@pytest.mark.slow  # two training runs: 15-27 s
 def test_training_is_deterministic_for_a_seed(two_runs):
     first, second = two_runs
     assert weights_sha256(first) == weights_sha256(second)  # probing and evaluating never touch the weights
     assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
 
 
+@pytest.mark.slow  # the same two training runs
 def test_run_record_and_marker_say_what_the_model_is_and_how_to_remake_it(two_runs):
     first, _ = two_runs
     record = json.loads((first / train.RECORD_FILE).read_text())
