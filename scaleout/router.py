@@ -19,7 +19,7 @@ import hashlib
 import weakref
 from collections import OrderedDict
 
-from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 MAX_PINNED_KEYS = 100_000
 _ROUTERS: weakref.WeakSet = weakref.WeakSet()
@@ -37,7 +37,12 @@ def rendezvous_rank(key: str, replicas: list[RunningReplica]) -> list[RunningRep
     return sorted(replicas, key=weight, reverse=True)
 
 
-class ConversationAffinityRouter(FIFOMixin, RequestRouter):
+class ConversationAffinityRouter(RequestRouter):
+    """Without Serve's FIFOMixin: it hands the replica chosen for one request to the oldest request waiting, so
+    under load a status command for replica A was answered by replica B, and a conversation's turn could land on
+    another conversation's replica (found by the suite on a loaded 2-core machine, 2026-12-02). RequestRouter's
+    own matching gives each request the replica chosen for it."""
+
     def initialize_state(self, **kwargs) -> None:
         super().initialize_state(**kwargs)
         self._pinned: OrderedDict[str, ReplicaID] = OrderedDict()
