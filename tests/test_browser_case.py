@@ -86,6 +86,9 @@ def upload(page, path: Path) -> None:
     page.wait_for_selector("#film-preview img", timeout=30_000)
 
 
+NOTES_WITHOUT_A_FILM = "() => !document.querySelector('#film-notes').innerText.includes('Loaded:')"
+
+
 def answers(page) -> int:
     return page.locator("#chat .bot").count()
 
@@ -219,6 +222,8 @@ def test_no_dead_controls_and_each_warning_once(browser, demo_server, films):
     page = open_page(browser, demo_server)
     upload(page, films["ap"])
     page.click("#film-upload button[aria-label='Clear']")
+    # The clear's own event empties the notes; until then they still say "Loaded:", which upload() waits for.
+    page.wait_for_function(NOTES_WITHOUT_A_FILM, timeout=60_000)
     upload(page, films["ap"])  # a repeated upload must not stack the warning
     notes = page.inner_text("#film-notes")
     assert notes.count("View position is AP") == 1, notes

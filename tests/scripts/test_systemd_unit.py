@@ -49,6 +49,20 @@ def directives(unit: Path) -> dict[str, list[str]]:
     return found
 
 
+HIDDEN_FROM_THE_SERVICE = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")  # install_service.sh refuses these
+
+
+@pytest.fixture()
+def installable_checkout(portable_checkout: Path) -> Path:
+    """The portable copy, if the unit can see it: it sits inside this checkout and reuses this checkout's .venv and
+    models, so a clone under /home or /tmp (ProtectHome=, PrivateTmp=) cannot be installed as a service at all."""
+    root = REPO_ROOT.resolve()
+    hidden = next((p for p in HIDDEN_FROM_THE_SERVICE if root.is_relative_to(p)), None)
+    if hidden is not None:
+        pytest.skip(f"this checkout is under {hidden}, which the systemd unit hides; clone it elsewhere (e.g. /opt)")
+    return portable_checkout
+
+
 @pytest.fixture()
 def service_user() -> str:
     """A name for the dedicated account the installer creates; the account is removed afterwards."""
@@ -59,17 +73,17 @@ def service_user() -> str:
     subprocess.run(["userdel", name], capture_output=True)
 
 
-def install(portable_checkout: Path, log_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    op = Operator(log_dir, free_port(), scripts=portable_checkout / "scripts")
+def install(installable_checkout: Path, log_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    op = Operator(log_dir, free_port(), scripts=installable_checkout / "scripts")
     return op.run("install_service.sh", *args, timeout=120)
 
 
-def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(portable_checkout, service_user, tmp_path):
-    log_dir = portable_checkout / f"logs-{service_user}"
+def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(installable_checkout, service_user, tmp_path):
+    log_dir = installable_checkout / f"logs-{service_user}"
     unit = tmp_path / "medgemma-xray.service"
     no_env_file = tmp_path / "absent-env-file"
     result = install(
-        portable_checkout,
+        installable_checkout,
         log_dir,
         "--user",
         service_user,
@@ -101,8 +115,8 @@ def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(portable_che
         "UMask": ["0077"],
         "CapabilityBoundingSet": [""],
         "Restart": ["on-failure"],
-        "ExecStart": [f"{portable_checkout}/scripts/start_gradio.sh --foreground"],
-        "ExecStop": [f"{portable_checkout}/scripts/stop_gradio.sh"],
+        "ExecStart": [f"{installable_checkout}/scripts/start_gradio.sh --foreground"],
+        "ExecStop": [f"{installable_checkout}/scripts/stop_gradio.sh"],
         "EnvironmentFile": [f"-{no_env_file}"],
         "CacheDirectory": ["medgemma-xray"],
         "PrivateDevices": ["yes"],
@@ -121,7 +135,7 @@ def test_unit_runs_as_a_dedicated_user_owning_log_dir_and_scores_ok(portable_che
     assert verified.returncode == 0 and str(unit) not in verified.stderr, verified.stderr
 
     gpu_unit = tmp_path / "gpu.service"
-    result = install(portable_checkout, log_dir, "--user", service_user, "--output", str(gpu_unit), "--gpu")
+    result = install(installable_checkout, log_dir, "--user", service_user, "--output", str(gpu_unit), "--gpu")
     assert result.returncode == 0, result.stderr
     gpu_settings = directives(gpu_unit)
     assert gpu_settings["DevicePolicy"] == ["closed"] and "PrivateDevices" not in gpu_settings
@@ -141,13 +155,13 @@ def test_the_score_check_can_fail(tmp_path):
     assert "Failed to parse service restart specifier" in complaint.stderr
 
 
-def test_unit_follows_the_environment_files_drain_timeout_and_host(portable_checkout, service_user, tmp_path):
+def test_unit_follows_the_environment_files_drain_timeout_and_host(installable_checkout, service_user, tmp_path):
     env_file = tmp_path / "medgemma-xray.env"
     env_file.write_text("# site settings\nDRAIN_TIMEOUT_S=300\nHOST='0.0.0.0'\n")
     unit = tmp_path / "site.service"
-    log_dir = portable_checkout / f"logs-{service_user}"
+    log_dir = installable_checkout / f"logs-{service_user}"
     result = install(
-        portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+        installable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
     )
     assert result.returncode == 0, result.stderr
     unit_settings = directives(unit)
@@ -155,12 +169,19 @@ def test_unit_follows_the_environment_files_drain_timeout_and_host(portable_chec
     assert "IPAddressDeny" not in unit_settings  # the ward's network must reach a server on 0.0.0.0
 
 
-def test_installer_refuses_root_and_paths_the_sandbox_hides(portable_checkout, tmp_path):
+def test_installer_refuses_root_and_paths_the_sandbox_hides(installable_checkout, tmp_path):
     as_root = install(
-        portable_checkout, portable_checkout / "logs-root", "--user", "root", "--output", str(tmp_path / "root.service")
+        installable_checkout,
+        installable_checkout / "logs-root",
+        "--user",
+        "root",
+        "--output",
+        str(tmp_path / "root.service"),
     )
     assert as_root.returncode == 1 and "refusing to run the service as root" in as_root.stderr
-    in_tmp = install(portable_checkout, tmp_path / "logs", "--user", "nobody", "--output", str(tmp_path / "t.service"))
+    in_tmp = install(
+        installable_checkout, tmp_path / "logs", "--user", "nobody", "--output", str(tmp_path / "t.service")
+    )
     assert in_tmp.returncode == 1 and "PrivateTmp=yes" in in_tmp.stderr
     assert not (tmp_path / "root.service").exists() and not (tmp_path / "t.service").exists()
 
@@ -209,15 +230,15 @@ def test_notify_reaches_an_abstract_socket_and_is_silent_outside_systemd(monkeyp
     assert notify("READY=1") is False
 
 
-def test_unit_limits_memory_and_open_files_from_the_settings(portable_checkout, service_user, tmp_path):
+def test_unit_limits_memory_and_open_files_from_the_settings(installable_checkout, service_user, tmp_path):
     """Issue 19: MemoryMax/MemoryHigh from MEMORY_MAX_MB, and LimitNOFILE above MAX_CONNECTIONS (systemd's default
     soft limit of 1,024 files let 1,100 idle connections starve every client)."""
     env_file = tmp_path / "medgemma-xray.env"
     env_file.write_text("MEMORY_MAX_MB=20000\nMAX_CONNECTIONS=100000\n")
     unit = tmp_path / "limits.service"
-    log_dir = portable_checkout / f"logs-{service_user}"
+    log_dir = installable_checkout / f"logs-{service_user}"
     result = install(
-        portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+        installable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
     )
     assert result.returncode == 0, result.stderr
     unit_settings = directives(unit)
@@ -226,7 +247,7 @@ def test_unit_limits_memory_and_open_files_from_the_settings(portable_checkout, 
     env_file.write_text("")
     assert (
         install(
-            portable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
+            installable_checkout, log_dir, "--user", service_user, "--output", str(unit), "--env-file", str(env_file)
         ).returncode
         == 0
     )
