@@ -164,11 +164,11 @@ def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProce
 
 @pytest.fixture(scope="session")
 def synthetic_films(tmp_path_factory) -> Path:
+    """One folder for every worker: a bundle records the SHA-256 of the films it was calibrated on, and each
+    write_phantom_set call writes new DICOM UIDs, so a bundle built by one worker refused another's folder."""
     from phantoms.films import write_phantom_set
 
-    folder = tmp_path_factory.mktemp("calib")
-    write_phantom_set(folder, 12)
-    return folder
+    return built_once(tmp_path_factory, "calibration-films", lambda folder: write_phantom_set(folder, 12))
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
@@ -183,7 +183,7 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     folder = root / "built-once" / name
     folder.parent.mkdir(exist_ok=True)
     with FileLock(str(folder) + ".lock"):
-        marker = folder / ".built"
+        marker = folder.with_name(f"{name}.built")  # beside the folder: a calibration folder is read whole
         if not marker.exists():
             shutil.rmtree(folder, ignore_errors=True)  # a build that failed half-way in another worker
             folder.mkdir()
