@@ -241,12 +241,7 @@ def main() -> int:
 
     alone = [tokens_of(fast, request) for request in requests]
     generations = [fast.start(request) for request in requests]
-    fast.prepare_images(generations)
-    for generation in generations:
-        while not fast.prefill(generation):
-            pass
-    while not all(g.done for g in generations):
-        fast.step(generations)
+    fast.run_together(generations)
     batched_rows = []
     for index, (generation, single) in enumerate(zip(generations, alone, strict=True)):
         fast.finish(generation)

@@ -339,6 +339,17 @@ class InferenceBackend(abc.ABC):
                     generation.conversation.ids.append(token)
                     self._accept(generation, step)
 
+    def run_together(self, generations: Sequence[Generation]) -> None:
+        """Prefill each generation to its first token, one after another, then decode them as one batch until
+        every one is done (rows leave the batch as they finish). The caller finishes them. What the scheduler does
+        when nothing else arrives: the tests and benchmarks that compare a batch with each request alone use it."""
+        self.prepare_images(generations)  # every film in one vision batch
+        for generation in generations:
+            while not self.prefill(generation):
+                pass
+        while not all(g.done for g in generations):
+            self.step(generations)
+
     def finish(self, generation: Generation, cancelled: bool = False) -> None:
         """End a generation: keep its conversation resident for the next turn, or free it. Idempotent."""
         conversation = generation.conversation

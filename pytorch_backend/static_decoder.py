@@ -297,16 +297,7 @@ class StaticGemmaDecoder:
             attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
             if lone_token:
                 attended = attended.repeat(2, 1)
-            x = self.prefill_out(
-                x,
-                attended,
-                layer.o,
-                layer.post_attention_norm,
-                layer.gate_up,
-                layer.down,
-                layer.pre_feedforward_norm,
-                layer.post_feedforward_norm,
-            )
+            x = self._layer_rest(x, attended, layer)
         last_rows = torch.tensor([bounds[i][1] - 1 for i in logit_segments], device=self.device)
         return self._logits(x[last_rows])
 
@@ -335,16 +326,7 @@ class StaticGemmaDecoder:
                 attended = F.scaled_dot_product_attention(
                     q.transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
                 )
-            x = self.prefill_out(
-                x,
-                attended[0].transpose(0, 1).reshape(rows, -1),
-                layer.o,
-                layer.post_attention_norm,
-                layer.gate_up,
-                layer.down,
-                layer.pre_feedforward_norm,
-                layer.post_feedforward_norm,
-            )
+            x = self._layer_rest(x, attended[0].transpose(0, 1).reshape(rows, -1), layer)
         logprobs = torch.log_softmax(self._logits(x.index_select(0, last_row)).float(), dim=-1)
         best = logprobs.max(dim=-1)
         return best.indices, best.values
@@ -358,6 +340,19 @@ class StaticGemmaDecoder:
         k = _rms_norm(k.view(n, kv_heads, dim), k_norm, eps)
         cos, sin = cos[:, None, :], sin[:, None, :]
         return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v.view(n, kv_heads, dim)
+
+    def _layer_rest(self, x, attended, layer):
+        """prefill_out with the layer's weights passed one by one: a compiled prefill_out sees tensors only."""
+        return self.prefill_out(
+            x,
+            attended,
+            layer.o,
+            layer.post_attention_norm,
+            layer.gate_up,
+            layer.down,
+            layer.pre_feedforward_norm,
+            layer.post_feedforward_norm,
+        )
 
     def prefill_out(self, x, attended, o, post_attention_norm, gate_up, down, pre_feedforward_norm, post_ff_norm):
         """The rest of a layer for n packed tokens: output projection and the MLP, each with its residual."""

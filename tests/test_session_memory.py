@@ -45,7 +45,7 @@ def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(
     server = start_server(tmp_path / "logs", env=env)
     try:
         pid = server.process.pid
-        warm = Client(server.url, verbose=False)
+        warm = Client(server.url, verbose=False, download_files=False)  # the preview is not looked at here
         warm.predict(handle_file(str(film)), api_name="/upload_film")  # pays for imports and first allocations
         start = rss_bytes(pid)
         bound = start + SESSIONS * PER_SESSION_BYTES + TRANSIENT_BYTES
@@ -53,7 +53,7 @@ def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(
         lock = threading.Lock()
 
         def client_loop(share: int) -> None:
-            client = Client(server.url, verbose=False)
+            client = Client(server.url, verbose=False, download_files=False)
             for _ in range(share):
                 if over.is_set():
                     return

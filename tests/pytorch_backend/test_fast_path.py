@@ -8,12 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
-
-QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the left side?")
+from inference_api.types import ChatTurn, GenerationRequest
+from tests.pytorch_backend.conftest import QUESTIONS, run
 
 
 @pytest.fixture(scope="module")
@@ -34,17 +30,6 @@ def fast(demo_model_dir):
     backend.close()
 
 
-@pytest.fixture(scope="module")
-def films():
-    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
-
-
-def run(backend, request) -> GenerationStats:
-    stats = GenerationStats()
-    backend.generate(request, stats)
-    return stats
-
-
 def test_same_greedy_tokens_and_logprobs_as_eager(eager, fast, films):
     for film, question in zip(films, QUESTIONS, strict=True):
         request = GenerationRequest(film, (ChatTurn("user", question),), max_new_tokens=24)
@@ -59,12 +44,7 @@ def test_a_batched_step_gives_each_sequence_its_unbatched_tokens(eager, fast, fi
         for index, (film, question) in enumerate(zip(films, QUESTIONS, strict=True))
     ]
     generations = [fast.start(request) for request in requests]
-    fast.prepare_images(generations)  # three films, one vision batch
-    for generation in generations:
-        while not fast.prefill(generation):
-            pass
-    while not all(g.done for g in generations):
-        fast.step(generations)  # sequences of different lengths leave the batch as they finish
+    fast.run_together(generations)  # sequences of different lengths leave the batch as they finish
     for generation, request in zip(generations, requests, strict=True):
         fast.finish(generation)
         assert generation.stats.token_ids == run(eager, request).token_ids

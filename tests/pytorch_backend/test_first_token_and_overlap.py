@@ -13,10 +13,9 @@ from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
 from phantoms.films import chest_phantom, png_bytes, quantize
 from pytorch_backend.pixel_cache import PixelCache
 from pytorch_backend.prefill_graphs import image_rows, prefill_bucket, usable_buckets
+from tests.pytorch_backend.conftest import QUESTIONS, run
 from xray_io import load_radiograph
 from xray_io.preprocess import model_input_image
-
-QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the left side?")
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +43,6 @@ def quick(plain):
     )
     backend.warm_up()
     return backend
-
-
-@pytest.fixture(scope="module")
-def films():
-    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
-
-
-def run(backend, request) -> GenerationStats:
-    stats = GenerationStats()
-    backend.generate(request, stats)
-    return stats
 
 
 def test_a_prompt_takes_the_smallest_bucket_that_holds_it():
@@ -120,12 +108,7 @@ def test_queued_steps_survive_batches_that_change_and_slots_that_are_reused(plai
             for index, (film, question, q) in enumerate(zip(films, QUESTIONS, "xyz", strict=True))
         ]
         generations = [backend.start(request) for request in requests]
-        backend.prepare_images(generations)
-        for generation in generations:
-            while not backend.prefill(generation):
-                pass
-        while not all(g.done for g in generations):
-            backend.step(generations)  # rows leave the batch as they finish: the queued step no longer matches
+        backend.run_together(generations)  # rows leave the batch as they finish: the queued step no longer matches
         for generation in generations:
             backend.finish(generation)
         follow = GenerationRequest(

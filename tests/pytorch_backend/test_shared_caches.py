@@ -8,17 +8,8 @@ import numpy as np
 import pytest
 
 from inference_api.shared_caches import PrefixBlockCache
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
-
-QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the left side?")
-
-
-@pytest.fixture(scope="module")
-def films():
-    return [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
+from inference_api.types import ChatTurn, GenerationRequest
+from tests.pytorch_backend.conftest import QUESTIONS, run
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +33,6 @@ def shared(demo_model_dir):
     backend.close()
 
 
-def answer(backend, request) -> GenerationStats:
-    stats = GenerationStats()
-    backend.generate(request, stats)
-    return stats
-
-
 def ask(film, question: str, tokens: int = 10) -> GenerationRequest:
     return GenerationRequest(film, (ChatTurn("user", question),), max_new_tokens=tokens)
 
@@ -56,7 +41,7 @@ def test_prompts_prefilled_together_give_their_one_at_a_time_tokens(lone, films)
     requests = [
         ask(film, question, tokens=8 + 4 * i) for i, (film, question) in enumerate(zip(films, QUESTIONS, strict=True))
     ]
-    expected = [answer(lone, request) for request in requests]
+    expected = [run(lone, request) for request in requests]
     generations = [lone.start(request) for request in requests]
     try:
         lone.prepare_images(generations)
@@ -73,7 +58,7 @@ def test_prompts_prefilled_together_give_their_one_at_a_time_tokens(lone, films)
 
 def test_a_token_budget_splits_the_packed_prefill_into_chunks_with_the_same_tokens(lone, films):
     requests = [ask(films[0], QUESTIONS[0]), ask(films[1], QUESTIONS[1])]
-    expected = [answer(lone, request).token_ids for request in requests]
+    expected = [run(lone, request).token_ids for request in requests]
     generations = [lone.start(request) for request in requests]
     try:
         turns = 0
@@ -91,17 +76,17 @@ def test_a_token_budget_splits_the_packed_prefill_into_chunks_with_the_same_toke
 
 def test_image_and_prefix_caches_hit_on_the_same_film_and_miss_on_another(shared, lone, films):
     before = shared.cache_stats()
-    first = answer(shared, ask(films[0], QUESTIONS[0]))
-    second = answer(shared, ask(films[0], QUESTIONS[1]))  # same film, another question
+    first = run(shared, ask(films[0], QUESTIONS[0]))
+    second = run(shared, ask(films[0], QUESTIONS[1]))  # same film, another question
     after_same = shared.cache_stats()
     assert after_same["mm_cache"]["encoder_calls"] - before["mm_cache"]["encoder_calls"] == 1  # the film once
     assert first.prefix_cached_tokens == 0 and second.prefix_cached_tokens > 256  # the film's tokens were shared
-    other = answer(shared, ask(films[1], QUESTIONS[1]))  # another film
+    other = run(shared, ask(films[1], QUESTIONS[1]))  # another film
     after_other = shared.cache_stats()
     assert other.prefix_cached_tokens == 0
     assert after_other["mm_cache"]["encoder_calls"] - after_same["mm_cache"]["encoder_calls"] == 1
     for stats, request in ((second, ask(films[0], QUESTIONS[1])), (other, ask(films[1], QUESTIONS[1]))):
-        assert stats.token_ids == answer(lone, request).token_ids
+        assert stats.token_ids == run(lone, request).token_ids
 
 
 def test_the_image_cache_serves_a_film_whose_prefix_was_not_cached(shared, lone, films, demo_model_dir):
@@ -111,22 +96,22 @@ def test_the_image_cache_serves_a_film_whose_prefix_was_not_cached(shared, lone,
     try:
         features = images_only.image_features([films[2]])  # a batch job's features phase fills the cache too
         assert np.allclose(features, lone.image_features([films[2]]), atol=1e-5)
-        answer(images_only, ask(films[2], QUESTIONS[0]))
-        stats = answer(images_only, ask(films[2], QUESTIONS[2]))
+        run(images_only, ask(films[2], QUESTIONS[0]))
+        stats = run(images_only, ask(films[2], QUESTIONS[2]))
         figures = images_only.cache_stats()["mm_cache"]
         assert (figures["encoder_calls"], figures["hits"]) == (1, 2)
-        assert stats.token_ids == answer(lone, ask(films[2], QUESTIONS[2])).token_ids
+        assert stats.token_ids == run(lone, ask(films[2], QUESTIONS[2])).token_ids
     finally:
         images_only.close()
 
 
 def test_two_films_with_the_same_question_never_share_kv(shared, lone, films):
     question = "Describe this film."
-    a = answer(shared, ask(films[0], question, tokens=12))
-    b = answer(shared, ask(films[2], question, tokens=12))
+    a = run(shared, ask(films[0], question, tokens=12))
+    b = run(shared, ask(films[2], question, tokens=12))
     assert b.prefix_cached_tokens == 0  # identical text, identical image-token ids: the film's hash keeps them apart
-    assert a.token_ids == answer(lone, ask(films[0], question, tokens=12)).token_ids
-    assert b.token_ids == answer(lone, ask(films[2], question, tokens=12)).token_ids
+    assert a.token_ids == run(lone, ask(films[0], question, tokens=12)).token_ids
+    assert b.token_ids == run(lone, ask(films[2], question, tokens=12)).token_ids
 
 
 def test_a_colliding_chain_hash_still_never_crosses_films():
@@ -156,14 +141,14 @@ def test_a_small_cache_evicts_and_still_answers_the_same(lone, films, demo_model
     try:
         assert small.prefix_cache.capacity_blocks == blocks
         for film, question in zip(films, QUESTIONS, strict=True):
-            stats = answer(small, ask(film, question))
-            assert stats.token_ids == answer(lone, ask(film, question)).token_ids
+            stats = run(small, ask(film, question))
+            assert stats.token_ids == run(lone, ask(film, question)).token_ids
         figures = small.cache_stats()
         assert figures["prefix_cache"]["evictions"] > 0 and figures["prefix_cache"]["blocks_used"] <= blocks
         assert figures["mm_cache"]["evictions"] == 2 and figures["mm_cache"]["entries"] == 1
-        again = answer(small, ask(films[0], QUESTIONS[0]))  # its blocks and features were evicted
+        again = run(small, ask(films[0], QUESTIONS[0]))  # its blocks and features were evicted
         assert again.prefix_cached_tokens == 0
         assert small.cache_stats()["mm_cache"]["encoder_calls"] == 4
-        assert again.token_ids == answer(lone, ask(films[0], QUESTIONS[0])).token_ids
+        assert again.token_ids == run(lone, ask(films[0], QUESTIONS[0])).token_ids
     finally:
         small.close()
