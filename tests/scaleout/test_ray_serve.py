@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import yaml
 
 from phantoms.films import chest_phantom, png_bytes, quantize
 from tests.conftest import REPO_ROOT, free_port
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.slow
 
 CLIENTS = 8
 RETRYABLE = "Ask again: the conversation continues on another replica."
+ANSWER_LIMIT = 256  # tokens: seconds on a CPU replica, against milliseconds from a token to the SIGKILL
 
 
 def film_url(seed: int) -> str:
@@ -36,15 +38,16 @@ def film_url(seed: int) -> str:
 
 
 class ServeApp:
-    def __init__(self, folder: Path, demo_model_dir: Path) -> None:
+    def __init__(self, folder: Path, model_dir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = (
-            (REPO_ROOT / "deploy/ray/medgemma-cpu-demo.yaml").read_text().replace("port: 8000", f"port: {self.port}")
-        )
-        assert f"port: {self.port}" in config
+        config = yaml.safe_load((REPO_ROOT / "deploy/ray/medgemma-cpu-demo.yaml").read_text())
+        config["http_options"]["port"] = self.port
+        # The random-weight checkpoint never stops early: an answer runs to its limit, so the replica killed after
+        # an answer's second token is still answering (the trained demo's short answers could end first).
+        config["applications"][0]["args"].update(model_path=str(model_dir), max_new_tokens=ANSWER_LIMIT)
         self.config = folder / "serve.yaml"
-        self.config.write_text(config)
+        self.config.write_text(yaml.safe_dump(config))
         self.log = folder / "serve.log"
         env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_", "MODEL_PATH"))}
         env.update(
@@ -96,7 +99,7 @@ class ServeApp:
 
 @pytest.fixture(scope="module")
 def serve_app(tmp_path_factory, random_model_dir):
-    app = ServeApp(tmp_path_factory.mktemp("ray"), random_model_dir)
+    app = ServeApp(tmp_path_factory.mktemp("ray"), random_model_dir)  # every answer runs to its limit
     try:
         app.wait_for_replicas(2)
         yield app
@@ -178,12 +181,12 @@ def test_follow_ups_stay_with_their_kv_and_a_killed_replica_loses_only_its_answe
     stream = client.chat.completions.create(
         model=model,
         messages=streaming.messages,
-        max_tokens=64,
+        max_tokens=ANSWER_LIMIT,
         stream=True,
         extra_body={"conversation_id": streaming.id},
     )
     iterator = iter(stream)
-    next(iterator), next(iterator)  # the answer is running on the victim (and 2048 tokens take seconds)
+    next(iterator), next(iterator)  # the answer is running on the victim, ANSWER_LIMIT tokens from its end
     os.kill(pid_of(victim), signal.SIGKILL)
     with pytest.raises(openai.APIError, match=RETRYABLE):
         for _ in iterator:
@@ -213,6 +216,7 @@ def test_follow_ups_stay_with_their_kv_and_a_killed_replica_loses_only_its_answe
 def test_the_ui_answers_through_the_ingress_and_control_reaches_each_replica(serve_app, tmp_path):
     from gradio_client import Client, handle_file
 
+    serve_app.wait_for_replicas(2)  # a replica killed by this module's other test may still be restarting
     film = tmp_path / "film.png"
     film.write_bytes(png_bytes(quantize(chest_phantom(seed=9), 8)))
     ui = Client(serve_app.url, verbose=False)
