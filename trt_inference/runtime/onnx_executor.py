@@ -28,6 +28,15 @@ OPTIMIZATION_LEVELS = {
 }
 
 
+def cpu_threads() -> int:
+    """ONNX Runtime's threads: OMP_NUM_THREADS where the operator set it (torch and numpy read it too; ONNX Runtime
+    does not), else the cores this process may run on (a container's or taskset's share, not the host's count)."""
+    configured = os.environ.get("OMP_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 class OnnxRuntimeExecutor:
     name = "onnxruntime-cpu"
 
@@ -37,7 +46,7 @@ class OnnxRuntimeExecutor:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or max(1, (os.cpu_count() or 2))
+        options.intra_op_num_threads = threads or cpu_threads()
         self.optimization_level = OPTIMIZATION_LEVELS.get(manifest["precision"], "ORT_ENABLE_BASIC")
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self.optimization_level)
         self.sessions = {}
