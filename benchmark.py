@@ -114,7 +114,7 @@ class Models:
                 dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
                 # transformers wraps PreTrainedModel.to so that its stub reads the device as `self`
                 model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=dtype)
-                model = model.to(device).eval()  # type: ignore[arg-type]
+                model = model.to(device).eval()
                 self._loaded = (model, AutoProcessor.from_pretrained(self.model_path))
             self.load_s = time.perf_counter() - started
         return self._loaded

@@ -634,9 +634,9 @@ def add_teaching_page(demo, service, uploads) -> None:
         zoom_out.click(zoom(0.5), api_name="teaching_zoom_out", **view_io)
         reset_button.click(reset, api_name="teaching_reset", **view_io)
         centre.release(set_window, [centre, width, state], [*view_parts, state], api_name="teaching_window")
-        width.release(set_window, [centre, width, state], [*view_parts, state], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        width.release(set_window, [centre, width, state], [*view_parts, state], api_name=False)
         tool.change(set_tool, [tool, state], [*view_parts, state], api_name="teaching_tool")
-        view.select(clicked, [state], [*view_parts, state], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        view.select(clicked, [state], [*view_parts, state], api_name=False)
         generation: dict[str, Any] = dict(
             concurrency_limit=settings.generation_concurrency, concurrency_id="generation"
         )
@@ -650,8 +650,8 @@ def add_teaching_page(demo, service, uploads) -> None:
         ask_event = ask_button.click(
             ask, [question, state], [chat, question, state], api_name="teaching_ask", **generation
         )
-        submit_event = question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
-        stop_button.click(None, None, None, cancels=[reveal_event, ask_event, submit_event], api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        submit_event = question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)
+        stop_button.click(None, None, None, cancels=[reveal_event, ask_event, submit_event], api_name=False)
         report_button.click(
             export_report,
             [state, indication, comparison, recommendation, identifiers],
@@ -661,5 +661,5 @@ def add_teaching_page(demo, service, uploads) -> None:
         export_button.click(
             export_session, [state], [session_csv_button, session_pdf_button], api_name="teaching_export"
         )
-        projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)  # type: ignore[arg-type]  # gradio maps False to a private endpoint (blocks.py); its stubs say str
+        projector.click(None, None, None, js=PROJECTOR_JS, api_name=False)
         page.load(list_cases, None, [case_list, library_note], js=SHORTCUT_JS, api_name="teaching_cases")

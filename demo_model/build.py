@@ -106,7 +106,7 @@ def build_config(vocab_size: int, text_config: dict = TEXT_CONFIG, vision_config
         eoi_token_index=TOKEN_ID["<end_of_image>"],
         image_token_index=TOKEN_ID["<image_soft_token>"],
         # transformers 5.17's Gemma3Config signature leaves out the PretrainedConfig kwargs it accepts (and keeps)
-        eos_token_id=[TOKEN_ID["<eos>"], TOKEN_ID["<end_of_turn>"]],  # type: ignore[call-arg]
+        eos_token_id=[TOKEN_ID["<eos>"], TOKEN_ID["<end_of_turn>"]],
     )
 
 

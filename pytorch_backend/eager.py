@@ -49,7 +49,7 @@ class TorchInference(InferenceBackend):
             self.processor = AutoProcessor.from_pretrained(self.model_path)
             self.model = AutoModelForImageTextToText.from_pretrained(self.model_path, dtype=self.dtype)
             # transformers wraps PreTrainedModel.to so that its stub reads the device as `self`
-            self.model.to(self.device).eval()  # type: ignore[arg-type]
+            self.model.to(self.device).eval()
         else:
             self.model, self.processor = preloaded
             parameter = next(self.model.parameters())
@@ -147,7 +147,7 @@ class TorchInference(InferenceBackend):
     def _image_features_impl(self, images: list):
         with self._torch.inference_mode():
             # torch types an nn.Module attribute as Tensor | Module, and a Tensor is not callable
-            features = self.model.get_image_features(pixel_values=self.pixel_values(images))  # type: ignore[operator]
+            features = self.model.get_image_features(pixel_values=self.pixel_values(images))
         features = getattr(features, "pooler_output", features)
         return features.float().cpu().numpy()
 

@@ -199,11 +199,11 @@ class FastTorchInference(TorchInference):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
             for _ in range(2):
-                self._vision_one(static_pixels)  # type: ignore[operator]
+                self._vision_one(static_pixels)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph), torch.inference_mode():
-            out = self._vision_one(static_pixels)  # type: ignore[operator]
+            out = self._vision_one(static_pixels)
             features = getattr(out, "pooler_output", out)
         self._vision_graph = (graph, static_pixels, features)
 

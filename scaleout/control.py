@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         # ray.init takes a level name too (its own default is the string ray_constants.LOGGER_LEVEL); its stub says int
-        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)  # type: ignore[arg-type]
+        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
         handle = serve.get_deployment_handle(MODEL_DEPLOYMENT, app_name=args.app)
     except Exception as exc:
         print(f"error: cannot reach the Serve application {args.app!r}: {exc}", file=sys.stderr)

@@ -96,11 +96,10 @@ def build_app(args: dict | None = None):
         health_check_period_s=float(app_args.get("health_check_period_s", 5)),
         health_check_timeout_s=30,
         graceful_shutdown_timeout_s=float(overrides.get("drain_timeout_s", 120)),
-        # RequestRouterConfig.__init__ annotates **kwargs as dict[str, Any] (meant: the kwargs form a dict)
         request_router_config=RequestRouterConfig(
-            request_router_class=ROUTER_CLASS,  # type: ignore[arg-type]
-            request_routing_stats_period_s=2,  # type: ignore[arg-type]
-            request_routing_stats_timeout_s=10,  # type: ignore[arg-type]
+            request_router_class=ROUTER_CLASS,
+            request_routing_stats_period_s=2,
+            request_routing_stats_timeout_s=10,
         ),
     )
 
