@@ -41,6 +41,7 @@ def build_http_app(
     from fastapi import FastAPI, Response
     from fastapi.responses import JSONResponse
 
+    from serving.gradio_queue import tune_queue
     from serving.http_guards import CallShapes, FileReferenceGuard, PoliteBusyQueue, RouteGuard
     from serving.upload_cache import UploadLedger
 
@@ -69,7 +70,7 @@ def build_http_app(
     if extend is not None:
         extend(api, service)
     limit_session_state(demo, settings)
-    quiet_idle_queue(demo)
+    tune_queue(demo)
     app = gr.mount_gradio_app(
         api,
         demo,
@@ -97,24 +98,6 @@ def build_http_app(
         max_upload_bytes=settings.max_file_size_bytes,
     )
     return app
-
-
-# Gradio's queue looks for work every 1 ms while it has none: with its 10 ms progress check, ~800 wake-ups a
-# second of the main thread, 4-6% of a core on this host, spent by every idle server on a shared workstation.
-# 10 ms is far below what a person notices; a question waits at most 10 ms more to start. The progress check
-# keeps Gradio's 10 ms: at 100 ms, Gradio's cancel (the teaching page's Stop) left the answer's generator open,
-# holding its lease, in 3 of 6 runs of test_teaching_browser.py's Stop test beside a busy core (1 in 5 with Gradio's
-# own timings, 1 in 4 with this one): SIGTERM then waits DRAIN_TIMEOUT_S. Not fixed here; see the README.
-QUEUE_POLL_S = 0.010
-
-
-def quiet_idle_queue(demo) -> None:
-    """Slow the idle polling of Gradio's queue (gradio/queueing.py: Queue.sleep_when_free, which no public setting
-    reaches). The queue exists once demo.queue() ran."""
-    queue = demo._queue
-    if not hasattr(queue, "sleep_when_free"):
-        raise RuntimeError("this Gradio's queue has no sleep_when_free: check serving/http_server.quiet_idle_queue")
-    queue.sleep_when_free = QUEUE_POLL_S
 
 
 def limit_session_state(demo, settings: Settings) -> None:
