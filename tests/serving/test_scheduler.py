@@ -4,6 +4,7 @@ is refused at once; an evicted conversation is re-prefilled and answers the same
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -42,23 +43,47 @@ def collect(ticket) -> str:
     return "".join(ticket.deltas(60, 60))
 
 
+@contextlib.contextmanager
+def decode_held_until(backend, joined: threading.Event):
+    """After the running answer's first decode step, hold further steps until `joined` is set. On a fast idle host
+    the 40-token answer used to finish before the submitting thread had even hashed and preprocessed the second
+    film (40 steps in 0.18 s on this 2-core host, 2026-12-02), so whether the short answer joined a running batch
+    depended on the machine's speed."""
+    decode = backend._decode_impl
+
+    def held(*args, **kwargs):
+        if not joined.wait(timeout=60):
+            raise TimeoutError("the second answer was never submitted")
+        return decode(*args, **kwargs)
+
+    backend._decode_impl = held
+    try:
+        yield
+    finally:
+        backend._decode_impl = decode
+
+
 def test_answers_join_and_leave_mid_decode_with_their_unbatched_tokens(backend, films):
     long = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=40)
     short = GenerationRequest(films[1], (ChatTurn("user", "Is the heart enlarged?"),), max_new_tokens=6)
     expected_long, expected_short = unbatched(backend, long), unbatched(backend, short)
     scheduler = Scheduler(backend, max_active=3, max_waiting=8)
+    joined = threading.Event()
     try:
-        long_stats, short_stats = GenerationStats(), GenerationStats()
-        first = scheduler.submit(long, long_stats)
-        deltas = first.deltas(60, 60)
-        next(deltas)  # the long answer is decoding
-        second = scheduler.submit(short, short_stats)  # joins the running batch at the next turn
-        collect(second)
-        assert not first.finished_at, "the short answer left the batch while the long one was still running"
-        "".join(deltas)
+        with decode_held_until(backend, joined):
+            long_stats, short_stats = GenerationStats(), GenerationStats()
+            first = scheduler.submit(long, long_stats)
+            deltas = first.deltas(60, 60)
+            next(deltas)  # the long answer's first token (from its prefill); its decode waits for the join
+            second = scheduler.submit(short, short_stats)  # joins the running batch at the next turn
+            joined.set()
+            collect(second)
+            assert not first.finished_at, "the short answer left the batch while the long one was still running"
+            "".join(deltas)
         assert long_stats.token_ids == expected_long and short_stats.token_ids == expected_short
         assert second.admitted_at > first.admitted_at and second.finished_at < first.finished_at
     finally:
+        joined.set()
         scheduler.close(10)
 
 
