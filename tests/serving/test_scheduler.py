@@ -45,10 +45,10 @@ def collect(ticket) -> str:
 
 @contextlib.contextmanager
 def decode_held_until(backend, joined: threading.Event):
-    """After the running answer's first decode step, hold further steps until `joined` is set. On a fast idle host
-    the 40-token answer used to finish before the submitting thread had even hashed and preprocessed the second
-    film (40 steps in 0.18 s on this 2-core host, 2026-12-02), so whether the short answer joined a running batch
-    depended on the machine's speed."""
+    """Hold every decode step until `joined` is set (an answer's first token comes from its prefill). On a fast
+    idle host the 40-token answer used to finish before the submitting thread had even hashed and preprocessed the
+    second film (40 steps in 0.18 s on this 2-core host, 2026-12-02), so whether the short answer joined a running
+    batch depended on the machine's speed."""
     decode = backend._decode_impl
 
     def held(*args, **kwargs):
@@ -107,19 +107,24 @@ def test_a_cancelled_answer_frees_its_slot_at_the_next_turn(backend, films):
 
 
 def test_a_full_queue_is_refused_at_once(backend, films):
+    """Refused while the running answer cannot move: its decode is held until after the refusal, so a submit that
+    waited for room would never return (a timed bound said less: 30 tokens take 0.1 s on a fast idle host)."""
     scheduler = Scheduler(backend, max_active=1, max_waiting=1)
+    refused = threading.Event()
     try:
-        request = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=30)
-        running = scheduler.submit(request)
-        next(running.deltas(60, 60))  # admitted and decoding
-        waiting = scheduler.submit(request)
-        started = time.monotonic()
-        with pytest.raises(SchedulerBusyError):
-            scheduler.submit(request)
-        assert time.monotonic() - started < 0.5
-        for ticket in (running, waiting):
-            collect(ticket)
+        with decode_held_until(backend, refused):
+            request = GenerationRequest(films[0], (ChatTurn("user", "Findings?"),), max_new_tokens=30)
+            running = scheduler.submit(request)
+            next(running.deltas(60, 60))  # admitted; its first token came from the prefill, its decode is held
+            waiting = scheduler.submit(request)
+            with pytest.raises(SchedulerBusyError):
+                scheduler.submit(request)
+            assert not running.finished_at and running.stats.new_tokens <= 1
+            refused.set()
+            for ticket in (running, waiting):
+                collect(ticket)
     finally:
+        refused.set()
         scheduler.close(10)
 
 

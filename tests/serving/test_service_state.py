@@ -45,6 +45,14 @@ def answer_in_background(service) -> None:
     threading.Thread(target=run, daemon=True).start()
 
 
+def wait_until(condition, timeout_s: float = 60) -> None:
+    """Wait for a state the test needs (an answer running, one waiting), not for a time that might not suffice."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the service never reached the state the test needs"
+        time.sleep(0.01)
+
+
 def backends(mode: Mode) -> list[ScriptedBackend]:
     return [backend for backend in ScriptedBackend.instances if backend.mode is mode]
 
@@ -170,13 +178,13 @@ def test_a_full_queue_says_busy_at_once(tmp_path):
     backend = backends(Mode.PYTORCH)[0]
     backend.hang.set()
     answer_in_background(service)  # runs (and hangs)
-    time.sleep(0.2)
+    wait_until(lambda: service._count_running() == 1)
     answer_in_background(service)  # waits
-    time.sleep(0.2)
+    wait_until(lambda: service._count_waiting() == 1)
     started = time.monotonic()
     with pytest.raises(ServiceUnavailable, match="busy"):
         answer(service)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 30  # at once: waiting would last the request timeout, 300 s
     backend.released.set()
     service.close()
 
