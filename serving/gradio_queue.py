@@ -18,7 +18,7 @@ def tune_queue(demo) -> None:
 # 10 ms is far below what a person notices; a question waits at most 10 ms more to start. The progress check
 # keeps Gradio's 10 ms: at 100 ms, Gradio's cancel (the teaching page's Stop) left the answer's generator open,
 # holding its lease, in 3 of 6 runs of test_teaching_browser.py's Stop test beside a busy core (1 in 5 with Gradio's
-# own timings, 1 in 4 with this one). Such an answer still runs to its end; its lease ends with it (service.Lease).
+# own timings, 1 in 4 with this one): SIGTERM then waits DRAIN_TIMEOUT_S. Not fixed here; see the README.
 QUEUE_POLL_S = 0.010
 
 

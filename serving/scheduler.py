@@ -29,7 +29,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from inference_api.contract import Generation, InferenceBackend
 from inference_api.errors import one_line
@@ -67,8 +67,6 @@ class Ticket:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._cancelled = threading.Event()
         self._admitted = threading.Event()
-        self._end_lock = threading.Lock()
-        self._on_end: list[Callable[[], None]] = []
 
     @property
     def started(self) -> Generation:
@@ -84,16 +82,6 @@ class Ticket:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
-
-    def when_ended(self, callback: Callable[[], None]) -> None:
-        """Call `callback` once the answer has ended here (finished, failed, cancelled or dropped): on the output
-        thread, after its last event, or at once if it already has. What the answer held at the backend is free by
-        then, whether or not anyone reads the rest of its text."""
-        with self._end_lock:
-            if self.finished_at is None:
-                self._on_end.append(callback)
-                return
-        callback()
 
     def deltas(self, admission_timeout_s: float, progress_timeout_s: float) -> Iterator[str]:
         """Text deltas until the answer ends. Raises what the backend raised, or AnswerTimeoutError when the
@@ -135,17 +123,9 @@ class Ticket:
             self._events.put(("text", delta))
 
     def _end(self, error: BaseException | None = None) -> None:
-        with self._end_lock:
-            if self.finished_at is not None:
-                return
+        if self.finished_at is None:
             self.finished_at = time.perf_counter()
-            callbacks, self._on_end = self._on_end, []
-        self._events.put(("error", error) if error is not None else ("done", None))
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # a caller's bookkeeping must not stop the output thread
-                logger.exception("an answer's end callback failed")
+            self._events.put(("error", error) if error is not None else ("done", None))
 
 
 class Scheduler:

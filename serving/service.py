@@ -1,8 +1,7 @@
 """The running model: which backend serves, hot switching, the TensorRT circuit breaker, and metrics.
 
 One state object, guarded by one condition variable: the current backend, the standby ones, and a lease count on
-each. A request leases a backend for its whole answer (until the answer ends at the scheduler or its handler
-leaves, whichever is first), so handlers never hold one across a switch. A switch loads
+each. A request leases a backend for its whole answer, so handlers never hold one across a switch. A switch loads
 and warms the target first while requests keep flowing, then swaps the reference under the condition; answers
 already running finish on the old backend, which is closed once its leases drain (or kept as a standby).
 """
@@ -73,25 +72,6 @@ class Served:
         from serving.memory import return_freed_memory
 
         return_freed_memory()
-
-
-class Lease:
-    """One request's hold on a loaded backend, released once: by the handler leaving its `with` block or, for an
-    answer, by the answer's end at the scheduler, whichever comes first. The second is what counts when a handler's
-    generator is never closed: Gradio 6.31's cancel (the teaching page's Stop) now and then leaves the generator
-    suspended and referenced from a CancelledError's traceback (found with gc.get_referrers beside a busy core), and
-    its lease then kept SIGTERM waiting the whole DRAIN_TIMEOUT_S and a switched-out backend open."""
-
-    def __init__(self, served: Served, state: threading.Condition) -> None:
-        self.served, self._state, self._held = served, state, True
-
-    def release(self) -> None:
-        with self._state:
-            if not self._held:
-                return
-            self._held = False
-            self.served.leases -= 1
-            self._state.notify_all()
 
 
 class InferenceService:
@@ -204,7 +184,7 @@ class InferenceService:
 
     # --- serving -------------------------------------------------------------------------------------------------
     @contextmanager
-    def _lease(self, mode: Mode | None = None) -> Iterator[Lease]:
+    def _lease(self, mode: Mode | None = None) -> Iterator[Served]:
         """Hold the current backend (or the loaded one of `mode`) for the duration of one answer."""
         asked = time.perf_counter()
         with self._state:
@@ -214,13 +194,14 @@ class InferenceService:
             if served is None:
                 raise ServiceUnavailable("The model is not loaded yet; try again in a moment.")
             served.leases += 1
-            lease = Lease(served, self._state)
             if self._switch_started is not None:
                 self._switch_max_wait = max(self._switch_max_wait, time.perf_counter() - asked)
         try:
-            yield lease
+            yield served
         finally:
-            lease.release()
+            with self._state:
+                served.leases -= 1
+                self._state.notify_all()
 
     def stream_answer(
         self, request: GenerationRequest, stats: GenerationStats | None = None
@@ -231,13 +212,12 @@ class InferenceService:
         """
         stats = stats if stats is not None else GenerationStats()
         started = time.perf_counter()
-        with self._lease() as lease:
-            served = lease.served
+        with self._lease() as served:
             if served.mode is not Mode.TRT:
-                yield from self._answer_on(lease, request, stats, started)
+                yield from self._answer_on(served, request, stats, started)
                 return
             try:
-                yield from self._answer_on(lease, request, stats, started, judge=True)
+                yield from self._answer_on(served, request, stats, started, judge=True)
                 return
             except (RequestError, ServiceUnavailable):
                 raise
@@ -256,8 +236,8 @@ class InferenceService:
             yield from self._answer_on(fallback, request, fallback_stats, time.perf_counter())
         _copy_stats(fallback_stats, stats)
 
-    def _answer_on(self, lease: Lease, request, stats, started: float, judge: bool = False) -> Iterator[str]:
-        settings, served = self.settings, lease.served
+    def _answer_on(self, served: Served, request, stats, started: float, judge: bool = False) -> Iterator[str]:
+        settings = self.settings
         try:
             ticket = served.scheduler.submit(request, stats)
         except SchedulerBusyError:
@@ -265,7 +245,6 @@ class InferenceService:
             raise ServiceUnavailable("The server is busy with other answers; please retry in a minute.") from None
         except SchedulerClosedError:
             raise ServiceUnavailable("The model was just switched; please ask again.") from None
-        ticket.when_ended(lease.release)  # the rest is text in the ticket's queue: the backend is free to go
         progress_timeout = settings.breaker_timeout_s if judge else settings.request_timeout_s
         text, first_token_s = "", None
         try:
@@ -290,8 +269,8 @@ class InferenceService:
         )
 
     def image_features(self, images):
-        with self._lease() as lease:
-            return lease.served.backend.image_features(images)
+        with self._lease() as served:
+            return served.backend.image_features(images)
 
     def forget_conversation(self, conversation_id: str) -> None:
         """Free a conversation's cached KV state on every loaded backend ("new case", a closed session)."""
@@ -424,7 +403,7 @@ class InferenceService:
         return self._standby.get(mode)
 
     @contextmanager
-    def _pytorch_lease(self) -> Iterator[Lease]:
+    def _pytorch_lease(self) -> Iterator[Served]:
         """A lease on PyTorch for the breaker's fallback: the loaded one, or one loaded now (once, whoever asks)."""
         with self._state:
             loaded = self._loaded(Mode.PYTORCH)
@@ -443,8 +422,8 @@ class InferenceService:
                     if closed:
                         served.close(timeout_s=5)
                         raise ServiceUnavailable("The server is shutting down; try again in a minute.")
-        with self._lease(Mode.PYTORCH) as lease:
-            yield lease
+        with self._lease(Mode.PYTORCH) as served:
+            yield served
 
     def _load(self, mode: Mode) -> Served:
         started = time.perf_counter()

@@ -219,40 +219,6 @@ def test_a_closed_stream_frees_its_slot(tmp_path):
     service.close()
 
 
-def test_an_answer_left_suspended_after_it_ended_does_not_hold_the_drain(tmp_path):
-    """Gradio's cancel (the teaching page's Stop) now and then leaves the answer's generator suspended and never
-    closed. Its answer still ends at the scheduler, and the lease goes with it: SIGTERM's drain used to wait the
-    whole DRAIN_TIMEOUT_S for a generator that nobody would resume."""
-    service = make_service(tmp_path)
-    service.start()
-    stream = service.stream_answer(request())
-    assert next(stream) == "a"  # then left suspended, neither read nor closed
-    deadline = time.monotonic() + 60
-    while service._count_running() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert service._count_running() == 0
-    assert service.drain(1.0), "the drain waited for a suspended generator's lease"
-    assert list(stream)[-1] == "abcdefgh"  # resumed after all, it still reads the whole answer
-    service.close()
-
-
-def test_a_switched_out_backend_closes_though_an_ended_answer_was_never_closed(tmp_path):
-    service = make_service(tmp_path, inference_mode="trt")
-    service.start()
-    engine = backends(Mode.TRT)[0]
-    stream = service.stream_answer(request())
-    next(stream)
-    deadline = time.monotonic() + 60
-    while service._count_running() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    service.switch_to("pytorch")  # TensorRT is retired: closed once its leases are gone
-    while not engine.closed_count and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert engine.closed_count == 1, "the retired backend stayed open for a suspended generator's lease"
-    stream.close()
-    service.close()
-
-
 def test_a_hot_switch_drops_the_cached_conversations_of_the_backend_it_retires(tmp_path):
     service = make_service(tmp_path, keep_both_backends=True)
     service.start()
