@@ -32,15 +32,32 @@ def _isolated_variables() -> frozenset[str]:
 ISOLATED_VARIABLES = _isolated_variables()
 
 
-# The longest files (2026-12-02, 2 cores), handed to the two workers first so that neither is left with one of
-# them at the end while the other idles. Order only: every collected test still runs.
+# The files with the most test time (2026-12-02, this 2-core machine, `-v --durations=0`), longest first. With
+# `--no-loadscope-reorder` (pyproject.toml) pytest-xdist hands files out in this order, so a long file never starts
+# last while the other worker idles; without it xdist sorts files by their number of tests and this list had no
+# effect (the 200-session test and the Ray cluster started last). Order only: every collected test still runs.
 LONGEST_FIRST = (
-    "test_session_memory.py",
     "test_operations.py",
-    "test_ray_serve.py",
-    "test_task_gate.py",
+    "test_teaching_browser.py",
     "test_lifecycle.py",
+    "test_session_memory.py",
+    "test_http_security.py",
+    "test_train_demo_model.py",
+    "test_trained_demo_model.py",
+    "test_batch_films.py",
+    "test_task_gate.py",
+    "test_engine_status.py",
+    "test_browser_case.py",
+    "test_ray_serve.py",
+    "test_hostile_clients.py",
+    "test_precisions.py",
+    "test_bundle_refusal.py",
+    "test_build_safety.py",
+    "test_tensorrt_executor.py",
+    "test_benchmark.py",
     "test_load.py",
+    "test_long_conversation_gate.py",
+    "test_busy_server.py",
 )
 
 
