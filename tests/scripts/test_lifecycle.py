@@ -243,8 +243,11 @@ def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_pa
         assert stopped.returncode == 0, stopped.stderr
         # the stop script read the same setting: the drain, and SIGKILL only 15 s after it
         assert "running answers get up to 4 s to finish; SIGKILL after 19 s" in stopped.stdout, stopped.stdout
+        # No SIGKILL is the upper bound: the script sends it 19 s after SIGTERM. Its own wall time also counts its
+        # start-up before SIGTERM (reading the setting through Python), so it is no bound: 19.3 s on a loaded
+        # 2-core machine (2026-12-02) while the server stopped 12.7 s after SIGTERM.
         assert "sending SIGKILL" not in stopped.stdout
-        assert 3.5 < took < 19, took
+        assert took > 3.5, took  # it waited for the drain
         log = (op.log_dir / "gradio_app.log").read_text()
         assert "answers still running after 4 s; stopping anyway" in log and "stopped" in log
     finally:
