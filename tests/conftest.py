@@ -32,10 +32,11 @@ def _isolated_variables() -> frozenset[str]:
 ISOLATED_VARIABLES = _isolated_variables()
 
 
-# The files with the most test time (2026-12-02, this 2-core machine, `-v --durations=0`), longest first. With
-# `--no-loadscope-reorder` (pyproject.toml) pytest-xdist hands files out in this order, so a long file never starts
-# last while the other worker idles; without it xdist sorts files by their number of tests and this list had no
-# effect (the 200-session test and the Ray cluster started last). Order only: every collected test still runs.
+# The files with the most test time (2026-12-02, this 2-core machine, `-v --durations=0`), longest first. This
+# orders tests within a collection only: pytest-xdist's `--dist loadfile` hands files out sorted by their number of
+# tests unless `--no-loadscope-reorder` is given. That flag made both workers finish together, but each of its
+# three fresh-clone runs found one test that depended on order or load (fixed), so it stays off until a whole run
+# passes with it. Order only: every collected test still runs.
 LONGEST_FIRST = (
     "test_operations.py",
     "test_teaching_browser.py",
