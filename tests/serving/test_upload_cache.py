@@ -32,6 +32,18 @@ def open_cache_in_child(path) -> subprocess.CompletedProcess:
     )
 
 
+def open_cache_and_exit(path) -> subprocess.CompletedProcess:
+    """PrivateCache.open once in a fresh process (it refuses once gradio is imported, which an earlier test in this
+    pytest worker may have done), for the refusals it gives before holding anything."""
+    return subprocess.run(
+        [sys.executable, "-c", f"from serving.upload_cache import PrivateCache\nPrivateCache.open({str(path)!r})"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_cache_is_private_emptied_at_open_and_close_and_held_by_one_server(tmp_path):
     path = tmp_path / "logs" / "upload-cache"
     path.mkdir(parents=True)
@@ -47,13 +59,7 @@ def test_cache_is_private_emptied_at_open_and_close_and_held_by_one_server(tmp_p
     (path / "abc").mkdir()
     (path / "abc" / "upload.png").write_bytes(b"x")
 
-    second = subprocess.run(
-        [sys.executable, "-c", f"from serving.upload_cache import PrivateCache\nPrivateCache.open({str(path)!r})"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    second = open_cache_and_exit(path)
     assert second.returncode != 0 and "another running server uses the upload cache" in second.stderr
     assert (path / "abc" / "upload.png").exists()  # the second server did not empty the first one's cache
 
@@ -68,15 +74,7 @@ def test_a_foreign_folder_is_never_emptied(tmp_path):
     home = tmp_path / "someones-home"
     home.mkdir()
     (home / "thesis.tex").write_text("years of work")
-    # In a child: PrivateCache.open refuses to run once gradio is imported, and an earlier test in this worker may
-    # have imported it (this test failed so once the files were handed out in another order).
-    result = subprocess.run(
-        [sys.executable, "-c", f"from serving.upload_cache import PrivateCache\nPrivateCache.open({str(home)!r})"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = open_cache_and_exit(home)  # in a child: this test failed once when run after a gradio import
     assert result.returncode != 0 and "ValueError" in result.stderr
     assert "not this app's upload cache; it is never emptied" in result.stderr
     assert (home / "thesis.tex").read_text() == "years of work"
