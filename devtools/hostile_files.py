@@ -216,7 +216,9 @@ COMPRESSED_SIZE_TRICKS = {
 
 def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
     """A progressive JPEG of side x side with `scans` empty scans (each a repeated SOS header with no data) before
-    EOI: libjpeg makes a full pass over the image per scan, so a small file decodes for minutes."""
+    EOI: the decoder's cost grows with the number of scans, not the file's size (Pillow 12.3 spent about 65 us
+    per empty scan of a 1024 x 1024 film here, 2 s for 30,000 scans in a 455 kB file; scans that carry data cost
+    a pass over the image each)."""
     import re
 
     from PIL import Image

@@ -180,6 +180,15 @@ def run_optimizer(*args: str, timeout_s: int = 900) -> subprocess.CompletedProce
     )
 
 
+def assert_refused_before_any_work(stderr: str) -> None:
+    """The optimizer refused in its checks: its refusal line, and none of the lines of the work that follows them
+    (films read, staging folder made, model loaded, steps). This holds on any machine, where a time bound held only
+    on a fast, idle one."""
+    assert "refused before any work" in stderr, stderr[-2000:]
+    for later in ("calibration:", "building in", "[1/4]"):
+        assert later not in stderr, f"{later!r} logged: the refusal came after work began\n{stderr[-2000:]}"
+
+
 @pytest.fixture(scope="session")
 def synthetic_films(tmp_path_factory) -> Path:
     """One folder for every worker: a bundle records the SHA-256 of the films it was calibrated on, and each

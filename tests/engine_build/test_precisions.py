@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import WITHOUT_THE_F1_GATE, run_optimizer
+from tests.conftest import WITHOUT_THE_F1_GATE, assert_refused_before_any_work, run_optimizer
 
 pytestmark = pytest.mark.slow
 FP16, FP32 = 10, 1
@@ -78,11 +78,11 @@ def test_fp16_finishes_on_cpu_with_fp32_norms_softmax_and_lm_head(demo_model_dir
 
 
 def test_bf16_is_refused_before_export_where_nothing_can_run_it(demo_model_dir, synthetic_films, tmp_path):
-    started = time.monotonic()
     result = run_optimizer(*build_args(demo_model_dir, synthetic_films, tmp_path / "bf16", "bf16", "--target", "none"))
-    assert result.returncode == 2 and time.monotonic() - started < 10
+    assert result.returncode == 2
     assert "bf16 cannot be verified on this host: ONNX Runtime's CPU provider has no bf16 kernels" in result.stderr
-    assert "--target tensorrt" in result.stderr and "[1/4]" not in result.stderr
+    assert "--target tensorrt" in result.stderr
+    assert_refused_before_any_work(result.stderr)
     assert not (tmp_path / "bf16").exists()
 
 
@@ -101,23 +101,22 @@ def test_bf16_is_refused_before_export_where_nothing_can_run_it(demo_model_dir, 
 def test_fp8_is_refused_for_targets_and_hosts_that_cannot_run_and_verify_it(
     demo_model_dir, synthetic_films, tmp_path, target_args, message
 ):
-    started = time.monotonic()
     result = run_optimizer(*build_args(demo_model_dir, synthetic_films, tmp_path / "fp8", "fp8", *target_args))
-    elapsed = time.monotonic() - started
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
-    assert elapsed < 10, f"refused after {elapsed:.1f} s"  # generous: a process start on a shared CPU
-    assert "[1/4]" not in result.stderr and not (tmp_path / "fp8").exists()
+    assert_refused_before_any_work(result.stderr)
+    assert not (tmp_path / "fp8").exists()
 
 
 @pytest.mark.parametrize("target", ["none", "tensorrt-rtx", "auto"])
 def test_fp8_is_refused_in_under_2_s_on_a_host_that_cannot_verify_it(demo_model_dir, synthetic_films, tmp_path, target):
-    """The refusal itself (argument parsing, the checks, the message), timed inside the process."""
+    """The refusal itself (argument parsing, the checks, the message), timed inside the process on this thread's
+    CPU clock: another process on a loaded machine cannot stretch it, and the checks run on this thread."""
     import optimize_trt_engine
 
     args = build_args(demo_model_dir, synthetic_films, tmp_path / "fp8", "fp8", "--target", target)
-    started = time.monotonic()
+    started = time.thread_time()
     assert optimize_trt_engine.main(args) == 2
-    assert time.monotonic() - started < 2
+    assert time.thread_time() - started < 2
     assert not (tmp_path / "fp8").exists()
 
 
