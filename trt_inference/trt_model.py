@@ -23,6 +23,7 @@ from engine_bundle.masks import attention_masks, image_block_ids
 from engine_bundle.names import runtime_module
 from inference_api.chat import chat_messages
 from inference_api.contract import BackendInfo, GenerationRequest, InferenceBackend, Mode, Prompt, TokenStep
+from trt_inference.runtime.executor_protocol import BatchDecoder, Executor, ExecutorSequence
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class TRTInference(InferenceBackend):
         if require_verified:
             self.unverified_reason = self._check_executor_verified(choice, allow_unverified_plans)
         self.executor = self._open_executor(choice, sequence_slots)
-        if hasattr(self.executor, "decode_batch"):
+        if isinstance(self.executor, BatchDecoder):
             self.max_batch = max(1, sequence_slots)  # the contract's step() hands every running sequence at once
         shapes = manifest["shapes"]
         self.image_tokens, self.sliding_window = shapes["image_tokens"], shapes["sliding_window"]
@@ -147,7 +148,7 @@ class TRTInference(InferenceBackend):
         trt = importlib.import_module(module)
         check_tensorrt_version(manifest, trt.__version__)  # before touching the GPU or the plans
 
-    def _open_executor(self, choice: str, sequence_slots: int):
+    def _open_executor(self, choice: str, sequence_slots: int) -> Executor:
         manifest = self.manifest
         if choice == "onnxruntime-cpu":
             from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
@@ -175,17 +176,14 @@ class TRTInference(InferenceBackend):
         return self.text.decode(ids)
 
     # --- KV state: one executor sequence per conversation ------------------------------------------------------
-    def _allocate_impl(self):
+    def _allocate_impl(self) -> ExecutorSequence:
         return self.executor.new_sequence(timeout_s=0)  # the contract evicts an idle conversation, then retries
 
-    def _truncate_impl(self, sequence, length: int) -> bool:
-        truncate = getattr(sequence, "truncate", None)
-        if truncate is None:
-            return False
-        truncate(length)
+    def _truncate_impl(self, sequence: ExecutorSequence, length: int) -> bool:
+        sequence.truncate(length)  # both executors' sequences truncate (executor_protocol)
         return True
 
-    def _free_impl(self, sequence) -> None:
+    def _free_impl(self, sequence: ExecutorSequence) -> None:
         sequence.close()
 
     # --- model calls -------------------------------------------------------------------------------------------
@@ -194,14 +192,16 @@ class TRTInference(InferenceBackend):
         for prompt, row in zip(prompts, features, strict=True):
             prompt.features = row
 
-    def _prefill_impl(self, sequence, prompt: Prompt, start: int, end: int, want_token: bool) -> TokenStep | None:
+    def _prefill_impl(
+        self, sequence: ExecutorSequence, prompt: Prompt, start: int, end: int, want_token: bool
+    ) -> TokenStep | None:
         logits = self._run_prompt(sequence, prompt, start, end)
         return _greedy(logits[0]) if want_token else None
 
-    def _prompt_logits_impl(self, sequence, prompt: Prompt) -> np.ndarray:
+    def _prompt_logits_impl(self, sequence: ExecutorSequence, prompt: Prompt) -> np.ndarray:
         return self._run_prompt(sequence, prompt, 0, len(prompt.ids))[0]
 
-    def _run_prompt(self, sequence, prompt: Prompt, start: int, end: int) -> np.ndarray:
+    def _run_prompt(self, sequence: ExecutorSequence, prompt: Prompt, start: int, end: int) -> np.ndarray:
         ids = np.asarray([prompt.ids], dtype=np.int64)
         chunk = ids[:, start:end]
         embeds = self.executor.embed(chunk)
@@ -217,12 +217,13 @@ class TRTInference(InferenceBackend):
         full, sliding = attention_masks(positions, key_positions, self.sliding_window, blocks[:, start:], key_blocks)
         return sequence.run(embeds, positions, full, sliding)
 
-    def _decode_impl(self, sequences: list, tokens: list[int], positions: list[int]) -> list[TokenStep]:
-        decode_batch = getattr(self.executor, "decode_batch", None)
-        if decode_batch is not None and len(sequences) > 1:
+    def _decode_impl(
+        self, sequences: list[ExecutorSequence], tokens: list[int], positions: list[int]
+    ) -> list[TokenStep]:
+        if isinstance(self.executor, BatchDecoder) and len(sequences) > 1:
             # Every running sequence in one executor call: one read of the weights for all of them.
             embeds = self.executor.embed(np.asarray(tokens, dtype=np.int64)[:, None])
-            logits = decode_batch(sequences, embeds, self.sliding_window)
+            logits = self.executor.decode_batch(sequences, embeds, self.sliding_window)
             return [_greedy(row) for row in logits]
         # One at a time: a lone sequence, or an executor without a batch path (TensorRT: its per-slot device
         # buffers have no batch axis yet).

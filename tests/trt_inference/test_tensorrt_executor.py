@@ -4,6 +4,7 @@ memory. It must match the ONNX Runtime executor token for token and free everyth
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 
@@ -77,6 +78,35 @@ def test_conversations_match_onnxruntime_token_for_token_and_everything_is_freed
     reference.close()
     assert (cuda.live_device, cuda.live_host, cuda.live_streams) == (0, 0, 0)
     assert cuda.mallocs == cuda.frees
+
+
+EXECUTOR_METHODS = ("vision", "embed", "new_sequence", "close")
+SEQUENCE_METHODS = ("run", "truncate", "close")
+
+
+@pytest.mark.parametrize("executor", ["tensorrt", "onnxruntime-cpu"])
+def test_both_executors_follow_the_written_protocol(standin_bundle, standins, executor):
+    """TRTInference holds its executor as executor_protocol.Executor (mypy checks both classes where they are
+    opened); here real instances of both, each method with the parameters the protocol names. Batched decoding is
+    ONNX Runtime's alone, and only there does TRTInference hand the executor every running sequence at once."""
+    from trt_inference.runtime.executor_protocol import BatchDecoder, Executor, ExecutorSequence
+
+    backend = open_bundle(standin_bundle, executor)
+    try:
+        sequence = backend.executor.new_sequence(timeout_s=0)
+        checks = ((backend.executor, Executor, EXECUTOR_METHODS), (sequence, ExecutorSequence, SEQUENCE_METHODS))
+        for instance, protocol, methods in checks:
+            assert isinstance(instance, protocol), f"{type(instance).__name__} lacks a member of {protocol.__name__}"
+            for method in methods:
+                written = list(inspect.signature(getattr(protocol, method)).parameters)
+                actual = list(inspect.signature(getattr(type(instance), method)).parameters)
+                assert actual == written, f"{type(instance).__name__}.{method}{actual}: the protocol says {written}"
+        sequence.close()
+        batched = executor == "onnxruntime-cpu"
+        assert isinstance(backend.executor, BatchDecoder) == batched
+        assert (backend.max_batch == 2) == batched and backend.max_batch >= 1  # 2: the default sequence slots
+    finally:
+        backend.close()
 
 
 @pytest.mark.parametrize("executor", ["tensorrt", "onnxruntime-cpu"])
