@@ -143,20 +143,10 @@ def build_bundle(options: BuildOptions) -> dict:
 
 
 def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dict:
-    import numpy as np
-    import torch
-    from tqdm import tqdm
-
-    from engine_build.calibration import MIN_RECOMMENDED_FILMS, FeedReader, record_decoder_feeds, split_held_out
-    from engine_build.graphs import DecoderShape, export_graphs
-    from engine_build.parity import check_export_parity
-    from engine_build.quantize import count_qdq, quantize_graph
-    from engine_build.task_gate import failure_message as task_failure_message
-    from engine_build.task_gate import measure_task_accuracy
-    from engine_build.verify import AccuracyError, Thresholds, check, measure_accuracy, thresholds_record
-    from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
+    """The four steps into the staging folder `out`, and the sealed manifest. Returns the manifest."""
+    from engine_build.calibration import split_held_out
+    from pytorch_backend.checkpoint import describe_checkpoint
     from pytorch_backend.eager import TorchInference
-    from trt_inference.trt_model import TRTInference
 
     started = time.perf_counter()
     checkpoint = describe_checkpoint(options.model_path)
@@ -170,167 +160,36 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
 
     reference = TorchInference(options.model_path, device=options.device)
     try:
-        model = reference.model
-        if model.config.get_text_config()._attn_implementation not in ("eager", "sdpa"):
-            model.set_attn_implementation("eager")
-        for name in PROCESSOR_FILES:
-            if (Path(options.model_path) / name).is_file():
-                shutil.copyfile(Path(options.model_path) / name, out / name)
-        shape = DecoderShape.from_config(model.config)
-        text = model.config.get_text_config()
-        shapes = {
-            "image_size": model.config.vision_config.image_size,
-            "image_tokens": model.config.mm_tokens_per_image,
-            "hidden": shape.hidden,
-            "layers": shape.layers,
-            "kv_heads": shape.kv_heads,
-            "head_dim": shape.head_dim,
-            "vocab": shape.vocab,
-            "sliding_window": shape.sliding_window,
-            "max_sequence": options.max_seq_len,
-            "max_batch": options.max_batch,
-        }
-        eos = model.generation_config.eos_token_id
-        tokens = {
-            "image_token_id": model.config.image_token_id,
-            "boi": model.config.boi_token_id,
-            "eoi": model.config.eoi_token_id,
-            "eos": sorted(set(eos if isinstance(eos, list) else [eos])),
-            "bos": text.bos_token_id,
-        }
-
+        shapes, tokens = _prepare_reference(reference, options, out)
         fp32_dir = out / "onnx" / "fp32"
         with Step(1, "export to ONNX and check against PyTorch in ONNX Runtime"):
-            pixels = torch.from_numpy(reference_pixels(reference, calibration_images[0])).to(reference.dtype)
-            export_graphs(
-                model, fp32_dir, pixels.to(reference.device), progress=lambda g: logger.info("  exported %s", g)
-            )
-            parity = check_export_parity(model, fp32_dir, pixels, tolerance=options.parity_tolerance)
-            logger.info("  parity (max relative error): %s", {k: f"{v:.1e}" for k, v in parity.items()})
-
-        base_manifest = {
-            "model": {
-                "id": checkpoint.model_id,
-                "is_demo": checkpoint.is_demo,
-                "demo_notice": checkpoint.demo_notice,
-                "weights_sha256": weights_sha256(options.model_path),
-                "source_path": str(Path(options.model_path).resolve()),
-            },
-            "shapes": shapes,
-            "tokens": tokens,
-            "tensorrt": {"target": None, "version": None, "gpu_name": None, "compute_capability": None},
-            "build": {"command": options.command, "commands": [options.command]},
-        }
+            parity = _export(reference, fp32_dir, calibration_images[0], options.parity_tolerance)
+        base = _base_manifest(checkpoint, options, shapes, tokens)
         # The staging folder's own fp32 manifest: lets the fp32 graphs record calibration feeds. Never published.
-        write_manifest(
-            out,
-            {
-                **base_manifest,
-                "precision": "fp32",
-                "graphs": {g: {"onnx": f"onnx/fp32/{g}.onnx", "engine": None} for g in GRAPHS},
-            },
-        )
+        write_manifest(out, {**base, "precision": "fp32", "graphs": _graph_files("fp32", dict.fromkeys(GRAPHS))})
 
         precision_dir = out / "onnx" / options.precision
         precision_dir.mkdir(parents=True, exist_ok=True)
         with Step(2, f"quantize to {options.precision} with ModelOpt"):
-            feeds: list[Any] = []
-            qdq: dict[str, Any] = {}
-            if options.precision == "fp32":
-                logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
-            else:
-                fp32_bundle = TRTInference(out, executor="onnxruntime-cpu", require_verified=False)
-                progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
-                feeds, pixel_batches = record_decoder_feeds(
-                    fp32_bundle, calibration_images, options.calibration_decode_steps, progress=progress.update
-                )
-                progress.close()
-                fp32_bundle.close()
-                vision_data = {"pixel_values": np.concatenate(pixel_batches)}
-                for graph in GRAPHS:
-                    calibration = vision_data if graph == "vision" else FeedReader(feeds)
-                    quantize_graph(
-                        graph,
-                        fp32_dir / f"{graph}.onnx",
-                        precision_dir / f"{graph}.onnx",
-                        options.precision,
-                        calibration,
-                        options.calibration_method,
-                    )
-                    qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
-                    logger.info("  %s: %s", graph, qdq[graph])
+            decoder_feeds, qdq = _quantize(out, fp32_dir, precision_dir, options, calibration_images)
 
-        engines = {g: None for g in GRAPHS}
-        trt_record = {"target": None, "version": None, "gpu_name": None, "compute_capability": None}
         with Step(3, f"build engines with {plan.target or 'no TensorRT (none installed or --target none)'}"):
-            if plan.target is None:
-                logger.warning(
-                    "no engines built: the bundle holds ONNX graphs only. Finish on the GPU host with: "
-                    "python optimize_trt_engine.py --from_onnx %s --target tensorrt",
-                    options.output_path,
-                )
-            else:
-                engines, trt_record = build_engines(out, precision_dir, shapes, plan, options.workspace_gib)
+            engines, trt_record = _build_engines_step(out, precision_dir, shapes, plan, options)
 
         with Step(4, f"verify against PyTorch on held-out films ({plan.verify_executor}) and seal the manifest"):
             manifest = {
-                **base_manifest,
+                **base,
                 "precision": options.precision,
                 "tensorrt": trt_record,
-                "graphs": {g: {"onnx": f"onnx/{options.precision}/{g}.onnx", "engine": engines[g]} for g in GRAPHS},
+                "graphs": _graph_files(options.precision, engines),
             }
             write_manifest(out, manifest)
-            bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
-            try:
-                figures = measure_accuracy(
-                    reference, bundle, held_out, tokens=options.verify_tokens, max_sequence=options.max_seq_len
-                )
-                logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
-                task = measure_task_accuracy(
-                    reference, bundle, options.task_phantoms, options.task_seed, options.max_f1_drop
-                )
-            finally:
-                bundle.close()
-            log_task_accuracy(task)
-            thresholds = Thresholds(**options.thresholds)
-            failures = check(figures, thresholds)
-            if failures or not task["passed"]:
-                messages = [*failures, *([task_failure_message(task)] if not task["passed"] else [])]
-                raise AccuracyError(
-                    "precision regression: " + "; ".join(messages) + f" (measured on {plan.verify_reason}; "
-                    f"{options.output_path} left as it was). Figures: {json.dumps(figures)}"
-                )
-            manifest["accuracy"] = {
-                **figures,
-                "task_accuracy": task,
-                "thresholds": {**thresholds_record(thresholds), "max_macro_f1_drop": options.max_f1_drop},
-                "passed": True,
-                "failures": [],
-                "export_parity_max_relative_error": parity,
-                "executor": plan.verify_executor,
-                "measured_on": plan.verify_reason,
-                "plans_verified": plan.verify_executor == "tensorrt",
-                "reference": f"PyTorch ({reference.precision}, {reference.device})",
-            }
-            manifest["calibration"] = {
-                "films": len(calibration_images),
-                "held_out": len(held_out),
-                "sha256": films.sha256,
-                "decoder_feeds": len(feeds),
-                "method": options.calibration_method,
-                "real_films": films.real_films,
-                "synthetic_films": len(films.synthetic),
-                "below_recommended": films.real_films < MIN_RECOMMENDED_FILMS,
-                "skipped_files": films.skipped,
-                "qdq_nodes": qdq,
-            }
-            manifest["build"] = {
-                **base_manifest["build"],
-                "seconds": round(time.perf_counter() - started, 1),
-                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "host_python": sys.version.split()[0],
-                "torch": torch.__version__,
-            }
+            figures, task, thresholds = _verify(out, reference, held_out, options, plan)
+            manifest["accuracy"] = _accuracy_record(figures, task, thresholds, parity, reference, options, plan)
+            manifest["calibration"] = _calibration_record(
+                films, len(calibration_images), len(held_out), decoder_feeds, qdq, options
+            )
+            manifest["build"] = _build_record(base["build"], started)
             if not options.keep_fp32_onnx and options.precision != "fp32":
                 shutil.rmtree(fp32_dir, ignore_errors=True)
             manifest = seal(out, manifest)
@@ -338,6 +197,202 @@ def _build_into(out: Path, options: BuildOptions, plan: BuildPlan, films) -> dic
     finally:
         reference.close()
     return manifest
+
+
+def _prepare_reference(reference, options: BuildOptions, out: Path) -> tuple[dict, dict]:
+    """Eager attention for the export, the processor files copied into the bundle; the bundle's shapes and tokens."""
+    from engine_build.graphs import DecoderShape
+
+    model = reference.model
+    if model.config.get_text_config()._attn_implementation not in ("eager", "sdpa"):
+        model.set_attn_implementation("eager")
+    for name in PROCESSOR_FILES:
+        if (Path(options.model_path) / name).is_file():
+            shutil.copyfile(Path(options.model_path) / name, out / name)
+    shape = DecoderShape.from_config(model.config)
+    text = model.config.get_text_config()
+    shapes = {
+        "image_size": model.config.vision_config.image_size,
+        "image_tokens": model.config.mm_tokens_per_image,
+        "hidden": shape.hidden,
+        "layers": shape.layers,
+        "kv_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "vocab": shape.vocab,
+        "sliding_window": shape.sliding_window,
+        "max_sequence": options.max_seq_len,
+        "max_batch": options.max_batch,
+    }
+    eos = model.generation_config.eos_token_id
+    tokens = {
+        "image_token_id": model.config.image_token_id,
+        "boi": model.config.boi_token_id,
+        "eoi": model.config.eoi_token_id,
+        "eos": sorted(set(eos if isinstance(eos, list) else [eos])),
+        "bos": text.bos_token_id,
+    }
+    return shapes, tokens
+
+
+def _export(reference, fp32_dir: Path, film, tolerance: float) -> dict:
+    """Step 1: the fp32 ONNX graphs, and their largest relative error against PyTorch in ONNX Runtime."""
+    import torch
+
+    from engine_build.graphs import export_graphs
+    from engine_build.parity import check_export_parity
+
+    model = reference.model
+    pixels = torch.from_numpy(reference_pixels(reference, film)).to(reference.dtype)
+    export_graphs(model, fp32_dir, pixels.to(reference.device), progress=lambda g: logger.info("  exported %s", g))
+    parity = check_export_parity(model, fp32_dir, pixels, tolerance=tolerance)
+    logger.info("  parity (max relative error): %s", {k: f"{v:.1e}" for k, v in parity.items()})
+    return parity
+
+
+def _base_manifest(checkpoint, options: BuildOptions, shapes: dict, tokens: dict) -> dict:
+    """What every manifest of this build says: the model, its shapes and tokens, the command."""
+    from pytorch_backend.checkpoint import weights_sha256
+
+    return {
+        "model": {
+            "id": checkpoint.model_id,
+            "is_demo": checkpoint.is_demo,
+            "demo_notice": checkpoint.demo_notice,
+            "weights_sha256": weights_sha256(options.model_path),
+            "source_path": str(Path(options.model_path).resolve()),
+        },
+        "shapes": shapes,
+        "tokens": tokens,
+        "tensorrt": {"target": None, "version": None, "gpu_name": None, "compute_capability": None},
+        "build": {"command": options.command, "commands": [options.command]},
+    }
+
+
+def _graph_files(precision: str, engines: dict) -> dict:
+    return {g: {"onnx": f"onnx/{precision}/{g}.onnx", "engine": engines[g]} for g in GRAPHS}
+
+
+def _quantize(out: Path, fp32_dir: Path, precision_dir: Path, options: BuildOptions, calibration_images) -> tuple:
+    """Step 2: Q/DQ graphs calibrated on the decoder feeds the fp32 bundle records. Returns (feeds, Q/DQ counts)."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from engine_build.calibration import FeedReader, record_decoder_feeds
+    from engine_build.quantize import count_qdq, quantize_graph
+    from trt_inference.trt_model import TRTInference
+
+    feeds: list[Any] = []
+    qdq: dict[str, Any] = {}
+    if options.precision == "fp32":
+        logger.info("  fp32: nothing to quantize; the exported graphs are the bundle's graphs")
+        return 0, qdq
+    fp32_bundle = TRTInference(out, executor="onnxruntime-cpu", require_verified=False)
+    progress = tqdm(total=len(calibration_images), desc="calibration feeds", unit="film", file=sys.stderr)
+    feeds, pixel_batches = record_decoder_feeds(
+        fp32_bundle, calibration_images, options.calibration_decode_steps, progress=progress.update
+    )
+    progress.close()
+    fp32_bundle.close()
+    vision_data = {"pixel_values": np.concatenate(pixel_batches)}
+    for graph in GRAPHS:
+        calibration = vision_data if graph == "vision" else FeedReader(feeds)
+        quantize_graph(
+            graph,
+            fp32_dir / f"{graph}.onnx",
+            precision_dir / f"{graph}.onnx",
+            options.precision,
+            calibration,
+            options.calibration_method,
+        )
+        qdq[graph] = count_qdq(precision_dir / f"{graph}.onnx")
+        logger.info("  %s: %s", graph, qdq[graph])
+    return len(feeds), qdq
+
+
+def _build_engines_step(out: Path, precision_dir: Path, shapes: dict, plan: BuildPlan, options: BuildOptions):
+    """Step 3: TensorRT plans where a target was chosen; else the bundle holds ONNX graphs only."""
+    if plan.target is None:
+        logger.warning(
+            "no engines built: the bundle holds ONNX graphs only. Finish on the GPU host with: "
+            "python optimize_trt_engine.py --from_onnx %s --target tensorrt",
+            options.output_path,
+        )
+        return dict.fromkeys(GRAPHS), {"target": None, "version": None, "gpu_name": None, "compute_capability": None}
+    return build_engines(out, precision_dir, shapes, plan, options.workspace_gib)
+
+
+def _verify(out: Path, reference, held_out, options: BuildOptions, plan: BuildPlan):
+    """Step 4's gate: the bundle against PyTorch on held-out films and phantoms. Raises AccuracyError on a miss."""
+    from engine_build.task_gate import failure_message as task_failure_message
+    from engine_build.task_gate import measure_task_accuracy
+    from engine_build.verify import AccuracyError, Thresholds, check, measure_accuracy
+    from trt_inference.trt_model import TRTInference
+
+    bundle = TRTInference(out, executor=plan.verify_executor, require_verified=False)
+    try:
+        figures = measure_accuracy(
+            reference, bundle, held_out, tokens=options.verify_tokens, max_sequence=options.max_seq_len
+        )
+        logger.info("  accuracy vs PyTorch: %s", json.dumps(figures))
+        task = measure_task_accuracy(reference, bundle, options.task_phantoms, options.task_seed, options.max_f1_drop)
+    finally:
+        bundle.close()
+    log_task_accuracy(task)
+    thresholds = Thresholds(**options.thresholds)
+    failures = check(figures, thresholds)
+    if failures or not task["passed"]:
+        messages = [*failures, *([task_failure_message(task)] if not task["passed"] else [])]
+        raise AccuracyError(
+            "precision regression: " + "; ".join(messages) + f" (measured on {plan.verify_reason}; "
+            f"{options.output_path} left as it was). Figures: {json.dumps(figures)}"
+        )
+    return figures, task, thresholds
+
+
+def _accuracy_record(figures: dict, task: dict, thresholds, parity: dict, reference, options, plan) -> dict:
+    from engine_build.verify import thresholds_record
+
+    return {
+        **figures,
+        "task_accuracy": task,
+        "thresholds": {**thresholds_record(thresholds), "max_macro_f1_drop": options.max_f1_drop},
+        "passed": True,
+        "failures": [],
+        "export_parity_max_relative_error": parity,
+        "executor": plan.verify_executor,
+        "measured_on": plan.verify_reason,
+        "plans_verified": plan.verify_executor == "tensorrt",
+        "reference": f"PyTorch ({reference.precision}, {reference.device})",
+    }
+
+
+def _calibration_record(films, calibrated: int, held_out: int, decoder_feeds: int, qdq: dict, options) -> dict:
+    from engine_build.calibration import MIN_RECOMMENDED_FILMS
+
+    return {
+        "films": calibrated,
+        "held_out": held_out,
+        "sha256": films.sha256,
+        "decoder_feeds": decoder_feeds,
+        "method": options.calibration_method,
+        "real_films": films.real_films,
+        "synthetic_films": len(films.synthetic),
+        "below_recommended": films.real_films < MIN_RECOMMENDED_FILMS,
+        "skipped_files": films.skipped,
+        "qdq_nodes": qdq,
+    }
+
+
+def _build_record(base: dict, started: float) -> dict:
+    import torch
+
+    return {
+        **base,
+        "seconds": round(time.perf_counter() - started, 1),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host_python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
 
 
 def log_task_accuracy(task: dict) -> None:
