@@ -83,8 +83,8 @@ def _refuse_scan_bomb(data: bytes) -> None:
     if scans > MAX_JPEG_SCANS:
         raise UnsupportedImageError(
             f"The JPEG is split into more than {MAX_JPEG_SCANS} scans (progressive encoders write about ten, and "
-            "each scan is another full pass of the decoder), so it was refused before decoding. Save the film "
-            "again as PNG or as a baseline JPEG."
+            "each scan that carries data costs the decoder another pass over the whole image), so it was refused "
+            "before decoding. Save the film again as PNG or as a baseline JPEG."
         )
 
 
