@@ -4,7 +4,8 @@ Decoders size their output from the codestream, not from the DICOM header or a f
 must be found wherever the codestream puts it: JPEG frame headers after any number of APPn/COM segments (skipped by
 their lengths), JPEG 2000's SIZ after any JP2 boxes (walked by their lengths), and in DICOM after the codestream is
 split over fragments (PS3.5 A.4), read across fragment boundaries without joining them. A progressive JPEG's scans
-are counted the same way (each scan that carries data costs the decoder a pass over the whole image). Nothing here decodes pixels.
+are counted the same way (each scan that carries data costs the decoder a pass over the whole image). Nothing here
+decodes pixels.
 """
 
 from __future__ import annotations
