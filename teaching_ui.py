@@ -17,12 +17,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from serving.answer_stops import AnswerStops
 from teaching.rounds import Round, TeachingSession, library_round, upload_names
 
 logger = logging.getLogger("teaching_ui")
 
 PREVIEW_SIZE = 896
 STREAM_INTERVAL_S = 0.1
+ANSWER_STOPPED = "*Stopped. Ask again or ask another question.*"
+REVEAL_STOPPED = "*Stopped before the report was complete. Press Reveal to run it again.*"
 FINDING_CHOICES = {
     "effusion_side": ["", "right", "left", "both"],
     "effusion_size": ["", "small", "moderate", "large"],
@@ -201,6 +204,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         None if settings.film_check == "off" else load_reference(settings.film_check_reference or REFERENCE_PATH)
     )
     library_lock = threading.Lock()
+    stops = AnswerStops()
 
     def library_folder() -> Path:
         """Resolved when the page is first opened, not at start-up: writing the starter set takes seconds."""
@@ -379,15 +383,22 @@ def add_teaching_page(demo, service, uploads) -> None:
 
     clicked.__annotations__["evt"] = gr.SelectData  # Gradio finds the event by type; gr is imported lazily here
 
-    def streamed(request, stats):
+    def stop_answers(request) -> None:
+        """Stop: the answers this browser session is streaming end at their next piece of text."""
+        stops.stop(request.session_hash)
+
+    def streamed(request, stats, stop: threading.Event):
         """The service's answer stream, at most one update per STREAM_INTERVAL_S (a browser that re-renders the
-        whole answer at every token falls behind a fast backend); the last text always comes. Closing this
-        generator (Stop, a closed tab) closes the service's, which frees the answer's slot."""
+        whole answer at every token falls behind a fast backend); the last text always comes. Stop sets `stop`:
+        the stream ends at its next piece of text, and closing the service's stream (so does a closed tab) frees
+        the answer's slot. The handler then returns as any answer does (serving/answer_stops.py says why)."""
         stream = service.stream_answer(request, stats)
         shown_at, text, pending = 0.0, "", False
         try:
             for text in stream:
                 pending = True
+                if stop.is_set():
+                    break
                 if time.monotonic() - shown_at >= STREAM_INTERVAL_S:
                     shown_at, pending = time.monotonic(), False
                     yield text
@@ -396,7 +407,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         if pending:
             yield text
 
-    def reveal(session: TeachingSession, quiz: bool, *form):
+    def reveal(session: TeachingSession, quiz: bool, request, *form):
         round_ = need_round(session)
         if round_.revealed:
             raise refused("This case is already revealed; open the next case.")
@@ -405,10 +416,14 @@ def add_teaching_page(demo, service, uploads) -> None:
             round_ = replace(round_, student_read=read, student_notes=notes)
         text, stats = "", GenerationStats()
         try:
-            for text in streamed(report_request(round_.model_image, settings.max_new_tokens), stats):
-                yield f"**The model's report (streaming)**\n\n```text\n{text}\n```", "", "", session
+            with stops.answering(request.session_hash) as stop:
+                for text in streamed(report_request(round_.model_image, settings.max_new_tokens), stats, stop):
+                    yield f"**The model's report (streaming)**\n\n```text\n{text}\n```", "", "", session
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
+        if stop.is_set():  # a stopped report is not the model's read: the case stays to be revealed
+            yield f"**The model's report (stopped)**\n\n```text\n{text}\n```\n\n{REVEAL_STOPPED}", "", "", session
+            return
         round_ = replace(round_, model_report=text, model_read=model_read(text), revealed=True)
         table, student_line, model_line = _scores_markdown(round_)
         points = "".join(f"\n- {p}" for p in round_.teaching_points)
@@ -417,13 +432,13 @@ def add_teaching_page(demo, service, uploads) -> None:
         )
         yield box, student_line, model_line, session.updated(round_)
 
-    def ask(question: str, session: TeachingSession):
+    def ask(question: str, session: TeachingSession, request):
         round_ = need_round(session)
         question = (question or "").strip()
         if not question:
             raise refused("Type a question before asking.")
         turns = tuple(t for q, a in round_.questions for t in (ChatTurn("user", q), ChatTurn("assistant", a)))
-        request = GenerationRequest(
+        generation = GenerationRequest(
             image=round_.model_image,
             turns=(*turns, ChatTurn("user", question)),
             max_new_tokens=settings.max_new_tokens,
@@ -437,12 +452,15 @@ def add_teaching_page(demo, service, uploads) -> None:
         history.append({"role": "user", "content": question})
         answer = ""
         try:
-            for answer in streamed(request, GenerationStats()):
-                yield history + [{"role": "assistant", "content": answer}], "", session
+            with stops.answering(request.session_hash) as stop:
+                for answer in streamed(generation, GenerationStats(), stop):
+                    yield history + [{"role": "assistant", "content": answer}], "", session
         except (RequestError, ServiceUnavailable) as exc:
             raise user_error(exc) from exc
+        # A stopped answer stays in the conversation as far as it went; the model's next turn sees the same text.
         round_ = replace(round_, questions=(*round_.questions, (question, answer)))
-        yield history + [{"role": "assistant", "content": answer}], "", session.updated(round_)
+        shown = f"{answer}\n\n{ANSWER_STOPPED}" if stop.is_set() else answer
+        yield history + [{"role": "assistant", "content": shown}], "", session.updated(round_)
 
     def export_report(
         session: TeachingSession, indication: str, comparison: str, recommendation: str, identifiers: bool
@@ -637,21 +655,21 @@ def add_teaching_page(demo, service, uploads) -> None:
         width.release(set_window, [centre, width, state], [*view_parts, state], api_name=False)
         tool.change(set_tool, [tool, state], [*view_parts, state], api_name="teaching_tool")
         view.select(clicked, [state], [*view_parts, state], api_name=False)
+        for handler in (reveal, ask, stop_answers):
+            handler.__annotations__["request"] = gr.Request  # Gradio passes the request (its session) by type
         generation: dict[str, Any] = dict(
             concurrency_limit=settings.generation_concurrency, concurrency_id="generation"
         )
-        reveal_event = reveal_button.click(
+        reveal_button.click(
             reveal,
             [state, quiz, *form],
             [reveal_box, student_score, model_score, state],
             api_name="teaching_reveal",
             **generation,
         )
-        ask_event = ask_button.click(
-            ask, [question, state], [chat, question, state], api_name="teaching_ask", **generation
-        )
-        submit_event = question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)
-        stop_button.click(None, None, None, cancels=[reveal_event, ask_event, submit_event], api_name=False)
+        ask_button.click(ask, [question, state], [chat, question, state], api_name="teaching_ask", **generation)
+        question.submit(ask, [question, state], [chat, question, state], api_name=False, **generation)
+        stop_button.click(stop_answers, None, None, api_name=False, queue=False)  # not cancels=: see answer_stops
         report_button.click(
             export_report,
             [state, indication, comparison, recommendation, identifiers],
