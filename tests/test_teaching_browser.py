@@ -387,3 +387,39 @@ def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_mode
     assert body[:10] in kept_answer, "the stopped answer left the conversation when the next was asked"
     assert "stopping anyway" not in server.log_text, "a stopped answer still held its lease at SIGTERM"
     assert "stopped" in server.log_text.splitlines()[-1], server.log_text[-2000:]
+
+
+def test_a_stopped_report_leaves_the_case_to_be_revealed(tmp_path_factory, random_model_dir, library_folder):
+    """Stop during Reveal: the page says the report was stopped, the slot empties, and Reveal runs again (a part
+    of a report is not the model's read, so the case is not scored on it)."""
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    env = {
+        "CASE_LIBRARY": str(library_folder),
+        "MODEL_PATH": str(random_model_dir),
+        "GENERATION_CONCURRENCY": "1",
+        "MAX_NEW_TOKENS": "2048",
+        "TEST_DECODE_PACE_S": "0.010",  # >= 20 s a report: it cannot end before Stop on any machine
+    }
+    box = "() => document.querySelector('#teach-reveal-box').innerText"
+    server = start_server(tmp_path_factory.mktemp("reveal-stop-logs"), env=env, script="tests/support/paced_server.py")
+    try:
+        with playwright_api.sync_playwright() as playwright:
+            browser = _browser(playwright)
+            page = _open_page(browser, server.url)
+            _open_case(page, load_library(library_folder).cases[0].title)
+            for _ in range(2):  # the second Reveal runs: the stopped one did not reveal the case
+                page.click("#teach-reveal")
+                page.wait_for_function(
+                    f"() => {{ const t = ({box})(); return t.includes('(streaming)') && t.length > 60; }}",
+                    timeout=300_000,
+                )
+                page.evaluate("() => document.getElementById('teach-stop').click()")
+                page.wait_for_function(f"() => ({box})().includes('Stopped before the report')", timeout=120_000)
+                _wait_slot_free(page, server.url)
+            completed = _metric(server.url, "medgemma_requests_total")
+            score = page.evaluate("() => document.querySelector('#teach-model-score')?.innerText || ''")
+            browser.close()
+    finally:
+        server.stop()
+    assert completed == 0, "a report ran to its end although Stop was pressed"
+    assert "Model score" not in score, f"a stopped report was scored: {score!r}"
