@@ -145,6 +145,14 @@ def _scores_markdown(round_: Round) -> tuple[str, str, str]:
     return "\n".join(lines), student_line, f"**Model score: {model.summary()}**"
 
 
+def _stop_key(request) -> str | None:
+    """Whose answers a Stop may end: the browser session, and with login on its user too (the session id comes
+    from the client, so with login one user cannot name another's session)."""
+    if request is None or request.session_hash is None:
+        return None
+    return f"{request.username or ''}\0{request.session_hash}"
+
+
 def _write_private(folder: Path, name: str, data: bytes) -> str:
     path = folder / name
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
@@ -385,7 +393,7 @@ def add_teaching_page(demo, service, uploads) -> None:
 
     def stop_answers(request) -> None:
         """Stop: the answers this browser session is streaming end at their next piece of text."""
-        stops.stop(request.session_hash)
+        stops.stop(_stop_key(request))
 
     def streamed(request, stats, stop: threading.Event):
         """The service's answer stream, at most one update per STREAM_INTERVAL_S (a browser that re-renders the
@@ -416,7 +424,7 @@ def add_teaching_page(demo, service, uploads) -> None:
             round_ = replace(round_, student_read=read, student_notes=notes)
         text, stats = "", GenerationStats()
         try:
-            with stops.answering(request.session_hash) as stop:
+            with stops.answering(_stop_key(request)) as stop:
                 for text in streamed(report_request(round_.model_image, settings.max_new_tokens), stats, stop):
                     yield f"**The model's report (streaming)**\n\n```text\n{text}\n```", "", "", session
         except (RequestError, ServiceUnavailable) as exc:
@@ -452,7 +460,7 @@ def add_teaching_page(demo, service, uploads) -> None:
         history.append({"role": "user", "content": question})
         answer = ""
         try:
-            with stops.answering(request.session_hash) as stop:
+            with stops.answering(_stop_key(request)) as stop:
                 for answer in streamed(generation, GenerationStats(), stop):
                     yield history + [{"role": "assistant", "content": answer}], "", session
         except (RequestError, ServiceUnavailable) as exc:

@@ -69,3 +69,20 @@ def test_stops_from_other_threads_while_answers_start_and_end():
         thread.join()
     assert seen == [True] * 8
     assert stops.running() == 0
+
+
+def test_with_login_a_stop_reaches_only_its_own_users_answers():
+    """The session id comes from the browser: with login on, a user who sends another's session id stops nothing
+    (the teaching page keys its stops on user and session)."""
+    import gradio as gr
+
+    from teaching_ui import _stop_key
+
+    stops = AnswerStops()
+    alice = gr.Request(username="alice", session_hash="s1")
+    mallory = gr.Request(username="mallory", session_hash="s1")
+    with stops.answering(_stop_key(alice)) as flag:
+        assert stops.stop(_stop_key(mallory)) == 0
+        assert not flag.is_set()
+        assert stops.stop(_stop_key(alice)) == 1
+    assert _stop_key(gr.Request()) is None, "a request without a session can stop nothing"
