@@ -337,24 +337,29 @@ def _wait_answer_to(page, question: str, predicate_js: str, timeout_ms: int = 30
     )
 
 
+def _long_answers_env(library_folder, random_model_dir, **extra: str) -> dict[str, str]:
+    """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early). Each decode
+    step takes at least 10 ms (tests/support/paced_server.py): an answer needs >= 20 s on any machine, so it cannot
+    finish on its own before Stop is clicked, however fast the machine is."""
+    return {
+        "CASE_LIBRARY": str(library_folder),
+        "MODEL_PATH": str(random_model_dir),
+        "GENERATION_CONCURRENCY": "1",
+        "MAX_NEW_TOKENS": "2048",
+        "TEST_DECODE_PACE_S": "0.010",
+        **extra,
+    }
+
+
 def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_model_dir, library_folder):
     """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early): after
     Stop, the stopped answer stays in the chat as far as it went, the slot empties, and the next question gets
     its own answer streaming while nothing has completed, so it did not wait for the stopped answer. Gradio's
     cancels= failed this now and then beside a busy core: the next question was taken and never answered."""
     playwright_api = pytest.importorskip("playwright.sync_api")
-    env = {
-        "CASE_LIBRARY": str(library_folder),
-        "MODEL_PATH": str(random_model_dir),
-        "GENERATION_CONCURRENCY": "1",
-        "MAX_NEW_TOKENS": "2048",
-        # Each decode step takes at least 10 ms (tests/support/paced_server.py): an answer needs >= 20 s on any
-        # machine, so it cannot finish on its own before Stop is clicked, however fast the machine is.
-        "TEST_DECODE_PACE_S": "0.010",
-        # A stopped answer gives its lease back: SIGTERM then finds nothing running (an answer left open would
-        # run >= 20 s and outlast this).
-        "DRAIN_TIMEOUT_S": "5",
-    }
+    # A stopped answer gives its lease back: SIGTERM then finds nothing running (an answer left open would run
+    # >= 20 s and outlast this).
+    env = _long_answers_env(library_folder, random_model_dir, DRAIN_TIMEOUT_S="5")
     first, second = "Describe the findings.", "Is there a pleural effusion?"
     server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
     try:
@@ -393,13 +398,7 @@ def test_a_stopped_report_leaves_the_case_to_be_revealed(tmp_path_factory, rando
     """Stop during Reveal: the page says the report was stopped, the slot empties, and Reveal runs again (a part
     of a report is not the model's read, so the case is not scored on it)."""
     playwright_api = pytest.importorskip("playwright.sync_api")
-    env = {
-        "CASE_LIBRARY": str(library_folder),
-        "MODEL_PATH": str(random_model_dir),
-        "GENERATION_CONCURRENCY": "1",
-        "MAX_NEW_TOKENS": "2048",
-        "TEST_DECODE_PACE_S": "0.010",  # >= 20 s a report: it cannot end before Stop on any machine
-    }
+    env = _long_answers_env(library_folder, random_model_dir)
     box = "() => document.querySelector('#teach-reveal-box').innerText"
     server = start_server(tmp_path_factory.mktemp("reveal-stop-logs"), env=env, script="tests/support/paced_server.py")
     try:
