@@ -25,12 +25,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-DEFAULT_MODES = ("pytorch-eager", "pytorch-fast", "trt")  # the valid names: serving.factory.CONFIGURATIONS
+DEFAULT_MODES = (
+    "pytorch-eager",
+    "pytorch-fast",
+    "trt",
+)  # the valid names: medgemma_xray.serving.factory.CONFIGURATIONS
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from inference_api.types import BackendInfo, GenerationRequest, GenerationStats
-    from serving.service import InferenceService
+    from medgemma_xray.inference_api.types import BackendInfo, GenerationRequest, GenerationStats
+    from medgemma_xray.serving.service import InferenceService
 
 logger = logging.getLogger("benchmark")
 
@@ -38,7 +42,7 @@ logger = logging.getLogger("benchmark")
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True, help="folder for benchmark.json / .md / .png")
-    from serving.factory import CONFIGURATIONS
+    from medgemma_xray.serving.factory import CONFIGURATIONS
 
     parser.add_argument(
         "--modes", default=",".join(DEFAULT_MODES), help="comma-separated, of: " + ", ".join(CONFIGURATIONS)
@@ -95,7 +99,7 @@ class Models:
 
     @property
     def model_path(self) -> Path:
-        from serving.settings import DEMO_MODEL_DIR
+        from medgemma_xray.serving.settings import DEMO_MODEL_DIR
 
         return self.args.model_path or DEMO_MODEL_DIR
 
@@ -104,7 +108,7 @@ class Models:
             started = time.perf_counter()
             if self.args.random_weights:
                 from benchmarks.random_model import random_medgemma_4b
-                from serving.settings import DEMO_MODEL_DIR
+                from medgemma_xray.serving.settings import DEMO_MODEL_DIR
 
                 self._loaded = random_medgemma_4b(DEMO_MODEL_DIR, device)
             else:
@@ -122,10 +126,10 @@ class Models:
 
 def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
     from benchmarks import measure, workload
-    from inference_api.types import Mode
-    from serving.factory import configure, create_backend
-    from serving.service import InferenceService
-    from serving.settings import Settings
+    from medgemma_xray.inference_api.types import Mode
+    from medgemma_xray.serving.factory import configure, create_backend
+    from medgemma_xray.serving.service import InferenceService
+    from medgemma_xray.serving.settings import Settings
 
     eager = mode == "pytorch-eager"
     levels = [int(x) for x in args.concurrency.split(",") if x]
@@ -211,9 +215,9 @@ def task_accuracy(service: InferenceService, phantoms: int, start_seed: int) -> 
     engine build's F1 gate), so the table compares precisions on answers, not only on speed."""
     from types import SimpleNamespace
 
-    from engine_build.task_gate import MAX_NEW_TOKENS
-    from phantoms.evaluation import held_out_phantoms
-    from phantoms.evaluation import task_accuracy as measure_task_accuracy
+    from medgemma_xray.engine_build.task_gate import MAX_NEW_TOKENS
+    from medgemma_xray.phantoms.evaluation import held_out_phantoms
+    from medgemma_xray.phantoms.evaluation import task_accuracy as measure_task_accuracy
 
     started = time.perf_counter()
 
@@ -287,9 +291,9 @@ def restart_probe(args) -> list[dict]:
 
 
 def startup_only(args, device: str) -> None:
-    from serving.factory import configure, create_backend
-    from serving.service import InferenceService
-    from serving.settings import Settings
+    from medgemma_xray.serving.factory import configure, create_backend
+    from medgemma_xray.serving.service import InferenceService
+    from medgemma_xray.serving.settings import Settings
 
     models = Models(args)
     levels = [int(x) for x in args.concurrency.split(",") if x]
@@ -328,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         startup_only(args, device)
         return 0
     modes = [m for m in args.modes.split(",") if m]
-    from serving.factory import CONFIGURATIONS
+    from medgemma_xray.serving.factory import CONFIGURATIONS
 
     unknown = sorted(set(modes) - set(CONFIGURATIONS))
     if unknown:

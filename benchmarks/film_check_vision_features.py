@@ -2,7 +2,7 @@
 projected image features (what its vision tower hands the language model) from frontal phantoms'.
 
 python -m benchmarks.film_check_vision_features [--fit 120] [--frontal 60] [--per-kind 10]
-Prints a Markdown table like `python -m film_check --evaluate` and the seconds per image on this machine.
+Prints a Markdown table like `python -m medgemma_xray.film_check --evaluate` and the seconds per image on this machine.
 """
 
 from __future__ import annotations
@@ -24,10 +24,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from PIL import Image
 
-    from film_check.calibration import CHEST_FIT_SEED_START, FIT_SEED_START, as_uploaded, auroc, frontal_films
-    from film_check.negatives import NEGATIVE_KINDS, negative_film
-    from serving.factory import create_backend
-    from serving.settings import Settings
+    from medgemma_xray.film_check.calibration import (
+        CHEST_FIT_SEED_START,
+        FIT_SEED_START,
+        as_uploaded,
+        auroc,
+        frontal_films,
+    )
+    from medgemma_xray.film_check.negatives import NEGATIVE_KINDS, negative_film
+    from medgemma_xray.serving.factory import create_backend
+    from medgemma_xray.serving.settings import Settings
 
     backend = create_backend("pytorch", Settings(model_path=args.model_path, device="cpu"))
 

@@ -1,6 +1,6 @@
 """GPU checks of the fast path on the full-size MedGemma-4B shape (random weights), with a short table last.
 
-  python3 benchmarks/gpu_checks.py --output $OUT            # on the GPU host; --device cpu --demo runs it on CPU
+  python3 -m benchmarks.gpu_checks --output $OUT            # on the GPU host; --device cpu --demo runs it on CPU
 
 1. The decode-attention kernel against the torch reference, in bf16, at the real head shapes.
 2. The fast path (compiled, CUDA graphs) against transformers' generate(): greedy tokens over 64 tokens for 10
@@ -16,11 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 QUESTIONS = (
     "What are the main findings on this chest X-ray?",
@@ -47,7 +44,7 @@ def hf_reference(backend, request):
     """generate()'s greedy tokens and, per step, the top-1 minus top-2 logit margin."""
     import torch
 
-    from pytorch_backend.hf_reference import hf_inputs
+    from medgemma_xray.pytorch_backend.hf_reference import hf_inputs
 
     inputs = hf_inputs(backend, request).to(backend.device, dtype=backend.dtype)
     with torch.inference_mode():
@@ -69,7 +66,7 @@ def hf_reference(backend, request):
 def kernel_check(device, dtype) -> dict:
     import torch
 
-    from pytorch_backend.decode_attention import reference_decode_attention, triton_decode_attention
+    from medgemma_xray.pytorch_backend.decode_attention import reference_decode_attention, triton_decode_attention
 
     torch.manual_seed(0)
     results = {}
@@ -89,7 +86,7 @@ def kernel_check(device, dtype) -> dict:
 def time_steps(step, decoder, batches, repeats: int = 50) -> dict:
     import torch
 
-    from pytorch_backend.cuda_graphs import DecodeGraphs
+    from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(step, batches, decoder.dummy_slot, torch.device("cuda"))
     figures = {}
@@ -116,7 +113,7 @@ def uncompiled_decode(decoder):
     """The same step with the class's own (uncompiled) layer and sample functions, for the eager-vs-compiled row."""
     import types
 
-    from pytorch_backend.static_decoder import StaticGemmaDecoder
+    from medgemma_xray.pytorch_backend.static_decoder import StaticGemmaDecoder
 
     def decode(tokens, positions, slots):
         saved = decoder.layer_step, decoder.sample
@@ -134,7 +131,7 @@ def profile_step(step, decoder) -> list:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from pytorch_backend.cuda_graphs import DecodeGraphs
+    from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(step, (1,), decoder.dummy_slot, torch.device("cuda"))
     graphs.run([100], [300], [0])
@@ -173,13 +170,13 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-    from phantoms.films import chest_phantom, png_bytes, quantize
-    from pytorch_backend.eager import TorchInference
-    from pytorch_backend.fast import FastTorchInference
-    from serving.settings import DEMO_MODEL_DIR
-    from xray_io import load_radiograph
-    from xray_io.preprocess import model_input_image
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+    from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+    from medgemma_xray.pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR
+    from medgemma_xray.xray_io import load_radiograph
+    from medgemma_xray.xray_io.preprocess import model_input_image
 
     args.output.mkdir(parents=True, exist_ok=True)
     results: dict = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}

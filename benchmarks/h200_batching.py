@@ -1,8 +1,8 @@
 """Issue 20 on the GPU, in one process: equality checks of batched, prefix-shared and cached answers against lone
 ones, then the many-user workloads through the service's streaming path, with a short table last.
 
-  python3 benchmarks/h200_batching.py --output $OUT      # on the GPU host (MedGemma-4B shape, random weights)
-  python3 benchmarks/h200_batching.py --output OUT --device cpu --demo --quick    # the same code on the demo model
+  python3 -m benchmarks.h200_batching --output $OUT      # on the GPU host (MedGemma-4B shape, random weights)
+  python3 -m benchmarks.h200_batching --output OUT --device cpu --demo --quick    # the same code on the demo model
 
 1. Equality, 10 prompts x 64 tokens, greedy ids against the lone answer (caches off, one prompt at a time):
    - batched: the 10 prompts prefilled in one packed forward and decoded in one batch (caches off);
@@ -26,9 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.gpu_checks import QUESTIONS  # noqa: E402  (the same 10 prompts as the equality checks)
+from benchmarks.gpu_checks import QUESTIONS  # the same 10 prompts as the equality checks
 
 
 def parse_args(argv):
@@ -88,9 +86,9 @@ class Run:
 
 
 def make_service(args):
-    from pytorch_backend.fast import FastTorchInference
-    from serving.service import InferenceService
-    from serving.settings import DEMO_MODEL_DIR, Settings
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.serving.service import InferenceService
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR, Settings
 
     settings = Settings(
         device=args.device,
@@ -136,7 +134,7 @@ def make_service(args):
 # --- 1. equality ----------------------------------------------------------------------------------------------
 def _caches(backend, on: bool, saved: dict) -> None:
     """Turn the shared caches off (lone reference) or back on, keeping the pool and capacities."""
-    from inference_api.shared_caches import ImageFeatureCache, PrefixBlockCache
+    from medgemma_xray.inference_api.shared_caches import ImageFeatureCache, PrefixBlockCache
 
     if not on:
         saved["prefix"], saved["image"] = backend.prefix_cache, backend.image_cache
@@ -163,7 +161,7 @@ def _together(backend, requests) -> list[list[int]]:
 
 
 def _alone(backend, request) -> list[int]:
-    from inference_api.types import GenerationStats
+    from medgemma_xray.inference_api.types import GenerationStats
 
     stats = GenerationStats()
     backend.generate(request, stats)
@@ -181,7 +179,7 @@ def _compare(expected, produced) -> dict:
 
 
 def equality(service, films, tokens: int, prompts: int) -> dict:
-    from inference_api.types import ChatTurn, GenerationRequest
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 
     backend = service._current.backend
     requests = [

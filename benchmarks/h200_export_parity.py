@@ -1,7 +1,7 @@
 """Full-size check on a GPU host: export a MedGemma-4B-shaped model (random weights) with the engine pipeline's
 exporter and compare every graph with PyTorch in ONNX Runtime (CPU), on prefill and decode shapes.
 
-Run on the device machine:  python3 benchmarks/h200_export_parity.py --output $OUT
+Run on the device machine:  python3 -m benchmarks.h200_export_parity --output $OUT
 Random weights give real shapes and sizes, not meaningful text. Prints a table last; JSON in --output.
 """
 
@@ -11,11 +11,8 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def medgemma_4b_config():
@@ -45,8 +42,8 @@ def main() -> int:
     import transformers
     from transformers import Gemma3ForConditionalGeneration
 
-    from engine_build.graphs import export_graphs
-    from engine_build.parity import check_export_parity
+    from medgemma_xray.engine_build.graphs import export_graphs
+    from medgemma_xray.engine_build.parity import check_export_parity
 
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

@@ -8,8 +8,8 @@ execute: TensorRT's own kernels (TensorRT is not installable there; TensorRT-RTX
 
 Run on the device machine (repo root as working directory; needs torch, transformers, onnx, onnxruntime,
 tokenizers, cuda-bindings: all in its image; no ModelOpt, no pydicom):
-    python3 benchmarks/h200_tensorrt_executor.py --output $OUT
-It makes the demo model unless models/medgemma-demo exists (python3 -m demo_model.build), writes 12
+    python3 -m benchmarks.h200_tensorrt_executor --output $OUT
+It makes the demo model unless models/medgemma-demo exists (python3 -m medgemma_xray.demo_model.build), writes 12
 PNG phantoms, builds an fp32 bundle (--precision fp32 --target none --device cpu), gives it stand-in plans, and
 compares the TensorRT executor with the ONNX Runtime executor. JSON in --output; a short table last.
 """
@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def run(command: list[str], log: Path) -> None:
@@ -41,11 +40,11 @@ def run(command: list[str], log: Path) -> None:
 
 
 def prepare_bundle(work: Path, output: Path) -> Path:
-    from phantoms.films import chest_phantom, png_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 
     model = REPO / "models" / "medgemma-demo"
     if not (model / "config.json").is_file():
-        run([sys.executable, "-m", "demo_model.build", "--output", str(model)], output / "demo_build.log")
+        run([sys.executable, "-m", "medgemma_xray.demo_model.build", "--output", str(model)], output / "demo_build.log")
     films = work / "films"
     films.mkdir(parents=True, exist_ok=True)
     for seed in range(12):  # PNG only: the GPU image has no pydicom
@@ -95,13 +94,13 @@ def main() -> int:
     from devtools.trt_standins.cuda_real import CountingCudaRuntime, CudaMemory
     from devtools.trt_standins.scenarios import past_the_window_request, truncate_then_continue, two_turn_requests
     from devtools.trt_standins.tensorrt_runtime import tensorrt_module
-    from engine_build.comparison import Comparator
-    from inference_api.errors import NoFreeSlotError
-    from phantoms.films import chest_phantom, png_bytes, quantize
-    from trt_inference.runtime.cuda_memory import device_compute_capability
-    from trt_inference.trt_model import TRTInference
-    from xray_io import load_radiograph
-    from xray_io.preprocess import model_input_image
+    from medgemma_xray.engine_build.comparison import Comparator
+    from medgemma_xray.inference_api.errors import NoFreeSlotError
+    from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+    from medgemma_xray.trt_inference.runtime.cuda_memory import device_compute_capability
+    from medgemma_xray.trt_inference.trt_model import TRTInference
+    from medgemma_xray.xray_io import load_radiograph
+    from medgemma_xray.xray_io.preprocess import model_input_image
 
     results: dict = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),

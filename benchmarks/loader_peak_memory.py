@@ -1,6 +1,6 @@
 """Peak memory of loading one film, per encoding, and of refusing image bombs: this checkout against another.
 
-  .venv/bin/python benchmarks/loader_peak_memory.py [--compare /path/to/older/checkout] [--output results.json]
+  .venv/bin/python -m benchmarks.loader_peak_memory [--compare /path/to/older/checkout] [--output results.json]
 Each load runs in a fresh child process (devtools.peak_memory: peak RSS above the file's own bytes, under a 3 GiB
 address-space limit). Films are synthetic phantoms at 4300 x 3500 (a 43 cm detector at 0.1 mm). Prints a table.
 """
@@ -10,10 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROWS, COLUMNS = 4300, 3500
 
@@ -23,7 +20,7 @@ def cases() -> dict[str, tuple[bytes, bytes, int]]:
     from PIL import Image
 
     from devtools.hostile_files import dicom_deflated_bomb, dicom_jpeg_with_lying_size, dicom_rle_bomb, png_bomb
-    from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 
     big, small = chest_phantom(ROWS, COLUMNS, seed=2), chest_phantom(128, 112, seed=1)
 

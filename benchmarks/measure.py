@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchmarks import workload
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
 
 
 @dataclass
@@ -161,7 +161,7 @@ def conversation(service, image, turns: int, max_new_tokens: int, reuse: bool) -
 
 def film_batch(service, images: list, users: int, report_tokens: int, progress) -> dict:
     """A folder of films: image features (vision batches of 8), then one structured report each, then both."""
-    from assistant.report_schema import REPORT_PROMPT
+    from medgemma_xray.assistant.report_schema import REPORT_PROMPT
 
     started = time.perf_counter()
     for index in range(0, len(images), 8):

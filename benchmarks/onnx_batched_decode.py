@@ -1,6 +1,6 @@
 """The engine path's decode step on CPU (ONNX Runtime): 1, 2 and 4 sequences, one at a time vs one batched call.
 
-  python benchmarks/onnx_batched_decode.py --bundle engines/demo-fp32 --output results/
+  python -m benchmarks.onnx_batched_decode --bundle engines/demo-fp32 --output results/
 
 Each figure is the fastest of --steps decode steps in ms per step (all sequences advance one token; the median and
 the process CPU time are recorded too, since a shared machine disturbs wall time); the sequences
@@ -20,8 +20,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion?", "Is there a pneumothorax on the right?")
 
 
@@ -35,8 +33,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     from benchmarks import workload
-    from inference_api.types import ChatTurn, GenerationRequest
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     engine = TRTInference(args.bundle, executor="onnxruntime-cpu", sequence_slots=4)
     films = workload.film_variants(4)
@@ -102,7 +100,7 @@ def _one(engine, sequence, token) -> None:
     """One sequence's decode step as the engine path ran it before batching (and still runs a lone sequence)."""
     import numpy as np
 
-    from engine_bundle.masks import attention_masks
+    from medgemma_xray.engine_bundle.masks import attention_masks
 
     past = sequence.past_length
     query = np.asarray([[past]], dtype=np.int64)

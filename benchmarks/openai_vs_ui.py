@@ -1,10 +1,10 @@
 """The OpenAI-compatible endpoint against the UI's path, through one service and one scheduler (issue 22's row).
 
-    python benchmarks/openai_vs_ui.py --random-weights --requests 10 --users 16 --answers-per-user 4 --output DIR
+    python -m benchmarks.openai_vs_ui --random-weights --requests 10 --users 16 --answers-per-user 4 --output DIR
 
 One InferenceService (pytorch-fast with --random-weights on a GPU: MedGemma-4B's shape; else the demo checkpoint).
 - UI path: InferenceService.stream_answer, which the Gradio handlers call (film already loaded, as after upload).
-- API path: POST /v1/chat/completions with stream=true over loopback HTTP (uvicorn + FastAPI + serving.openai_api,
+- API path: POST /v1/chat/completions with stream=true over loopback HTTP (uvicorn + FastAPI + medgemma_xray.web.openai_api,
   in this process), the film as a PNG data: URL each time (decoded, padded and hashed per request, as a client's).
 Both are timed on one clock (time.perf_counter in this process) from the client's call: TTFT to the first token
 the scheduler accepted, decode ms/token between the first and the last, and the end of the answer as the client
@@ -17,16 +17,13 @@ import argparse
 import base64
 import io
 import json
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
-
-from benchmarks import workload  # noqa: E402
-from benchmarks.measure import percentiles  # noqa: E402
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats  # noqa: E402
+from benchmarks import workload
+from benchmarks.measure import percentiles
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
 
 
 class RecordingService:
@@ -123,8 +120,8 @@ def concurrent(users: int, answers_each: int, answer) -> dict:
 
 
 def build_service(args):
-    from serving.service import InferenceService
-    from serving.settings import DEMO_MODEL_DIR, Settings
+    from medgemma_xray.serving.service import InferenceService
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR, Settings
 
     device = "cuda" if args.random_weights else args.device
     settings = Settings(
@@ -139,7 +136,7 @@ def build_service(args):
     if not args.random_weights:
         return InferenceService(settings), "demo checkpoint"
     from benchmarks.random_model import random_medgemma_4b
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     preloaded = random_medgemma_4b(DEMO_MODEL_DIR, "cuda")
 
@@ -190,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     import httpx
     from fastapi import FastAPI
 
-    from serving.openai_api import add_openai_routes, served_model_name
+    from medgemma_xray.web.openai_api import add_openai_routes, served_model_name
 
     service, model_name = build_service(args)
     started = time.perf_counter()

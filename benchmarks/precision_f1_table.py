@@ -15,10 +15,10 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine_build.task_gate import MAX_NEW_TOKENS
-    from phantoms.evaluation import format_table, held_out_phantoms, task_accuracy
-    from pytorch_backend.eager import TorchInference
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.engine_build.task_gate import MAX_NEW_TOKENS
+    from medgemma_xray.phantoms.evaluation import format_table, held_out_phantoms, task_accuracy
+    from medgemma_xray.pytorch_backend.eager import TorchInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model_path", type=Path, required=True)

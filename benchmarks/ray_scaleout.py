@@ -1,9 +1,9 @@
 """Scale-out on Ray Serve with N replicas, one GPU each (issue 24), through the ingress's OpenAI API.
 
-    # on a host with N GPUs and requirements-ray.txt installed (MedGemma-4B shape, random weights, saved once):
-    python benchmarks/ray_scaleout.py --replicas 2 --checkpoint /tmp/medgemma-4b-random --output DIR
+    # on a host with N GPUs and the project's ray extra installed (MedGemma-4B shape, random weights, saved once):
+    python -m benchmarks.ray_scaleout --replicas 2 --checkpoint /tmp/medgemma-4b-random --output DIR
     # the CPU smoke run (demo checkpoint, two CPU replicas), as on a developer's machine:
-    python benchmarks/ray_scaleout.py --replicas 2 --cpu-demo --users-per-replica 2 --answer-tokens 8 --output DIR
+    python -m benchmarks.ray_scaleout --replicas 2 --cpu-demo --users-per-replica 2 --answer-tokens 8 --output DIR
 
 It writes a random-weight MedGemma-4B checkpoint once (bf16 on cuda:0, the demo tokenizer and processor; stop tokens
 zeroed, so every answer runs to its limit), starts `serve run` on a generated config (deploy/ray/'s application
@@ -34,18 +34,17 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from benchmarks import workload
+from benchmarks.measure import percentiles
 
-from benchmarks import workload  # noqa: E402
-from benchmarks.measure import percentiles  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_random_checkpoint(folder: Path) -> None:
     import torch
 
     from benchmarks.random_model import random_medgemma_4b
-    from serving.settings import DEMO_MODEL_DIR
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR
 
     model, processor = random_medgemma_4b(DEMO_MODEL_DIR, "cuda:0")
     model.save_pretrained(folder)

@@ -65,7 +65,7 @@ def markdown(result: dict) -> str:
             )
     scored = {name: mode["task_accuracy"] for name, mode in modes.items() if mode.get("task_accuracy")}
     if scored:
-        from phantoms.evaluation import format_table
+        from medgemma_xray.phantoms.evaluation import format_table
 
         first = next(iter(scored.values()))
         lines += [

@@ -1,6 +1,6 @@
 """One answer at the hardware's limit (issue 21): everything measured in one H200 run, a short table last.
 
-  python3 benchmarks/single_stream.py --output $OUT [--budget-s 420]
+  python3 -m benchmarks.single_stream --output $OUT [--budget-s 420]
 
 1. The linears of one decode step at batch 1, timed alone: cuBLAS bf16, the Triton GEMV in bf16 / int8 / fp8, and
    gpt-fast's int8 route (F.linear over int8 weights cast to bf16, times the scales, under torch.compile with
@@ -12,7 +12,7 @@
    of >= 1,500 prompt tokens.
 5. TTFT split into preprocessing, vision tower, prefill, first decode and the contract's own overhead; 128-token
    answers end to end per mode.
-6. The demo checkpoint's phantom macro-F1, bf16 against int8 (engine_build.task_gate), if time is left.
+6. The demo checkpoint's phantom macro-F1, bf16 against int8 (medgemma_xray.engine_build.task_gate), if time is left.
 7. (gemv) The one-row GEMV kernels on cold weights: per step matrix, 34 distinct copies (2 of the vocabulary
    matrix) called in one captured CUDA graph, so each call reads weights that are not in L2, as in the step;
    cuBLAS bf16 over the same shapes for comparison; and the configurations the autotuners chose.
@@ -28,10 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.gpu_checks import QUESTIONS, first_divergence  # noqa: E402
-from benchmarks.single_stream_analysis import timeline_gaps  # noqa: E402
+from benchmarks.gpu_checks import QUESTIONS, first_divergence
+from benchmarks.single_stream_analysis import timeline_gaps
 
 SHAPES = {"qkv": (4096, 2560), "o": (2560, 2048), "gate_up": (20480, 2560), "down": (2560, 10240)}
 VOCAB = (262208, 2560)
@@ -77,7 +75,7 @@ def linear_table() -> dict:
 def _matrix_row(n: int, k: int, copies: int, gpt_fast) -> dict:
     import torch
 
-    from pytorch_backend.weight_only import quantize_weight, triton_weight_only_linear
+    from medgemma_xray.pytorch_backend.weight_only import quantize_weight, triton_weight_only_linear
 
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -109,7 +107,7 @@ def gemv_table() -> dict:
     """us per call and TB/s of the one-row GEMV per step matrix, each call on a different (cold) copy."""
     import torch
 
-    from pytorch_backend.weight_only import triton_gemv, tuned_configs
+    from medgemma_xray.pytorch_backend.weight_only import triton_gemv, tuned_configs
 
     table = {}
     modes = {"qkv": "split", "o": "split", "gate_up": "glu", "down": "split", "lm_head": "plain"}
@@ -152,7 +150,7 @@ def gemv_table() -> dict:
 def graph_step_ms(step, decoder, repeats: int = 50):
     import torch
 
-    from pytorch_backend.cuda_graphs import DecodeGraphs
+    from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
     graphs = DecodeGraphs(step, (1,), decoder.dummy_slot, torch.device("cuda"))
     for _ in range(3):
@@ -218,9 +216,9 @@ def _trace_kernels(prof) -> list[tuple[float, float]]:
 
 def fresh_films(count: int, first_seed: int):
     """Films no cache has seen (new content hashes): each TTFT measure pays for its vision tower."""
-    from phantoms.films import chest_phantom, png_bytes, quantize
-    from xray_io import load_radiograph
-    from xray_io.preprocess import model_input_image
+    from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+    from medgemma_xray.xray_io import load_radiograph
+    from medgemma_xray.xray_io.preprocess import model_input_image
 
     return [
         model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=first_seed + i), 8))))
@@ -247,12 +245,12 @@ def main() -> int:
 
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.recompile_limit = 64
-    import pytorch_backend.weight_only as weight_only
-    from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-    from pytorch_backend.fast import FastTorchInference
-    from pytorch_backend.fused_step import FusedDecodeStep
-    from pytorch_backend.weight_gate import teacher_forced_agreements
-    from serving.settings import DEMO_MODEL_DIR
+    import medgemma_xray.pytorch_backend.weight_only as weight_only
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fused_step import FusedDecodeStep
+    from medgemma_xray.pytorch_backend.weight_gate import teacher_forced_agreements
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR
 
     args.output.mkdir(parents=True, exist_ok=True)
     results: dict = {
@@ -494,7 +492,7 @@ def main() -> int:
     def contract_parts() -> dict[str, float]:
         """What the contract does around the model in a first token, each timed alone on the host: the film's
         content hash, the chat template and tokenizer, the prefix pool's copy of the prompt's blocks (synced)."""
-        from inference_api.shared_caches import image_content_hash
+        from medgemma_xray.inference_api.shared_caches import image_content_hash
 
         film = fresh_films(1, next(seeds))[0]
         request = ttft_request(film)
@@ -542,8 +540,8 @@ def main() -> int:
     def service_ttft() -> dict:
         """Through serving's InferenceService (scheduler thread, output thread, streaming), the real ask path:
         submit -> the first token accepted, and -> the first text yielded; a film preprocessed on arrival vs not."""
-        from serving.service import InferenceService
-        from serving.settings import Settings
+        from medgemma_xray.serving.service import InferenceService
+        from medgemma_xray.serving.settings import Settings
 
         use(current_graphs)
         service = InferenceService(Settings(), backend_factory=lambda mode, settings: fast)
@@ -636,8 +634,8 @@ def main() -> int:
 
     def demo_f1() -> dict:
         """The trained demo checkpoint on the GPU, 24 held-out phantoms x 8 findings through the F1 gate
-        (engine_build.task_gate): bf16 against each 8-bit mode, with that mode's start gate run first."""
-        from engine_build.task_gate import measure_task_accuracy
+        (medgemma_xray.engine_build.task_gate): bf16 against each 8-bit mode, with that mode's start gate run first."""
+        from medgemma_xray.engine_build.task_gate import measure_task_accuracy
 
         demo_bf16 = FastTorchInference(
             DEMO_MODEL_DIR, device="cuda", slots=2, max_sequence=1024, compile=False, cuda_graphs=False

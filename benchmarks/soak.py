@@ -157,7 +157,7 @@ def client_loop(index: int, url: str, film: Path, deadline: float, started: floa
 
 def build_bundle(workdir: Path) -> Path:
     """The demo model's INT8 bundle, built as the test suite's int8_bundle fixture builds it."""
-    from phantoms.films import write_phantom_set
+    from medgemma_xray.phantoms.films import write_phantom_set
 
     films = workdir / "calib"
     write_phantom_set(films, 12)
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         return report_only(args.report_only, args.output_dir.resolve())
 
     from devtools.loadtest import _free_port, rss_bytes
-    from phantoms.films import chest_phantom, dicom_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 
     output = args.output_dir.resolve()
     output.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """RSS of a process that opens and closes an engine bundle again and again, as a hot switch does, with and without
-handing freed memory back to the system (serving.memory.return_freed_memory, which Served.close now calls).
+handing freed memory back to the system (medgemma_xray.serving.memory.return_freed_memory, which Served.close now calls).
 
     python -m benchmarks.switch_rss BUNDLE_DIR [--cycles 8]
 
@@ -25,8 +25,8 @@ def _rss_mib() -> float:
 
 
 def _cycles(bundle: Path, cycles: int, trim: bool) -> list[float]:
-    from serving.memory import return_freed_memory
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.serving.memory import return_freed_memory
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     after = []
     for _ in range(cycles):

@@ -1,7 +1,7 @@
 """How fast the teaching viewer answers a window/level, zoom or click: in process, and through the page's API.
 
-  .venv/bin/python benchmarks/teaching_viewer.py [--repeats 20] [--output results.json]
-In process: teaching.viewer.render_view plus the PNG encoding teaching_ui does (zlib level 1), per action, on
+  .venv/bin/python -m benchmarks.teaching_viewer [--repeats 20] [--output results.json]
+In process: medgemma_xray.teaching.viewer.render_view plus the PNG encoding web.teaching_page does (zlib level 1), per action, on
 12-bit DICOM phantoms at 2500 x 2048 (a 40 cm film at 0.16 mm) and 4300 x 3500 (43 cm at 0.1 mm). Through the
 API: a real server (python app.py, the demo model) with a one-case library holding the 4300 x 3500 film,
 driven with gradio_client: the time from the call to the new picture's URL (the browser's fetch of the PNG
@@ -22,14 +22,13 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REPO = Path(__file__).resolve().parents[1]
 SIZES = ((2500, 2048), (4300, 3500))
 
 
 def _film(rows: int, cols: int) -> bytes:
-    from phantoms.films import dicom_bytes, quantize
-    from phantoms.labelled import labelled_phantom
+    from medgemma_xray.phantoms.films import dicom_bytes, quantize
+    from medgemma_xray.phantoms.labelled import labelled_phantom
 
     film = labelled_phantom(3, rows, cols).film
     return dicom_bytes(quantize(film, 12), bits_stored=12, window=(2048, 4096), pixel_spacing_mm=400 / rows)
@@ -49,7 +48,7 @@ def in_process(repeats: int) -> dict:
 
     from PIL import Image
 
-    from teaching.viewer import ViewState, click, read_display_film, render_view
+    from medgemma_xray.teaching.viewer import ViewState, click, read_display_film, render_view
 
     results = {}
     for rows, cols in SIZES:
@@ -67,7 +66,7 @@ def in_process(repeats: int) -> dict:
             for _ in range(repeats):
                 started = time.perf_counter()
                 picture, _ = render_view(film, state)
-                Image.fromarray(picture).save(io.BytesIO(), format="PNG", compress_level=1)  # as teaching_ui does
+                Image.fromarray(picture).save(io.BytesIO(), format="PNG", compress_level=1)  # as web.teaching_page does
                 samples.append((time.perf_counter() - started) * 1000)
             results[f"{rows}x{cols} {name}"] = _summary(samples)
     return results
@@ -76,7 +75,7 @@ def in_process(repeats: int) -> dict:
 def through_api(repeats: int) -> dict:
     from gradio_client import Client
 
-    from teaching.library import CASE_FORMAT
+    from medgemma_xray.teaching.library import CASE_FORMAT
 
     with tempfile.TemporaryDirectory() as folder:
         library = Path(folder) / "library"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from inference_api.types import ChatTurn, GenerationRequest
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 # 40 words, as the measurements used.
 QUESTION = (

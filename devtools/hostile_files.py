@@ -104,7 +104,7 @@ def dicom_deflated_bomb(rows: int, columns: int) -> bytes:
 def dicom_jpeg_with_lying_size(width: int = 60000, height: int = 60000) -> bytes:
     """A small DX film in JPEG Baseline whose codestream (SOF0) claims width x height while the DICOM header says
     128 x 112: decoders size their output from the codestream, so this asks for gigabytes."""
-    from phantoms.films import chest_phantom, dicom_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 
     data = bytearray(dicom_bytes(quantize(chest_phantom(128, 112), 8), bits_stored=8, transfer_syntax="jpeg-baseline"))
     sof = data.index(b"\xff\xc0")  # marker, length (2), precision (1), height (2), width (2)
@@ -121,7 +121,7 @@ def _small_compressed_film(syntax: str):
     import pydicom
     from pydicom.encaps import generate_frames
 
-    from phantoms.films import chest_phantom, dicom_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 
     bits = 8 if syntax == "jpeg-baseline" else 12
     data = dicom_bytes(quantize(chest_phantom(128, 112, seed=3), bits), bits_stored=bits, transfer_syntax=syntax)
@@ -223,7 +223,7 @@ def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
 
     from PIL import Image
 
-    from phantoms.films import chest_phantom, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, quantize
 
     buffer = io.BytesIO()
     Image.fromarray(quantize(chest_phantom(side, side, seed=1), 8)).save(
@@ -237,7 +237,7 @@ def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
 
 def png_ztxt_bomb(expanded: int = 64 << 20) -> bytes:
     """A valid small PNG carrying a zTXt chunk that inflates to `expanded` bytes of text."""
-    from phantoms.films import chest_phantom, png_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 
     png = png_bytes(quantize(chest_phantom(256, 256, seed=1), 8))
     compressor = zlib.compressobj(9)
@@ -250,7 +250,7 @@ def phone_mpo(side: int = 256) -> bytes:
     """A two-image MPO (what phones save: the photo, then a second view): the first image is the film."""
     from PIL import Image
 
-    from phantoms.films import chest_phantom, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, quantize
 
     first = Image.fromarray(quantize(chest_phantom(side, side, seed=1), 8)).convert("RGB")
     buffer = io.BytesIO()

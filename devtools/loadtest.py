@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.switch_every and args.engine_path is None:
         parser.error("--switch-every needs --engine_path")
 
-    from phantoms.films import chest_phantom, dicom_bytes, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 
     workdir = Path(tempfile.mkdtemp(prefix="medgemma-load-"))
     film = workdir / "film.dcm"

@@ -18,7 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import json, sys
-from xray_io import ImageInputError, load_radiograph
+from medgemma_xray.xray_io import ImageInputError, load_radiograph
 
 def rss(field):
     with open("/proc/self/status") as status:

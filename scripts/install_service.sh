@@ -86,7 +86,7 @@ fi
 
 # stop_gradio.sh waits drain + 15 s before SIGKILL; systemd waits 15 s more before it kills the whole unit.
 stop_timeout_s=$((drain_s + 30))
-no_restart=$(py -m serving.exit_codes no-restart)
+no_restart=$(py -m medgemma_xray.serving.exit_codes no-restart)
 
 # Every connection is an open file, and systemd starts services at a soft limit of 1,024 (the server cannot raise
 # it: @resources is filtered). Room for MAX_CONNECTIONS plus the model's files and sockets.

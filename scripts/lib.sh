@@ -75,14 +75,15 @@ require_venv() {
   [[ -x "${VENV_PYTHON}" ]] || die "no virtual environment at ${REPO_ROOT}/.venv; run scripts/setup_env.sh first"
 }
 
+# The project is installed into .venv (scripts/setup_env.sh), so its modules need no PYTHONPATH.
 py() {
-  PYTHONPATH="${REPO_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" "${VENV_PYTHON}" "$@"
+  "${VENV_PYTHON}" "$@"
 }
 
 # One effective setting, read by the project's own Settings (no copy of a default here). Extra arguments go to
 # the CLI (--env-file FILE).
 setting() {
-  py -m serving.settings get "$@"
+  py -m medgemma_xray.serving.settings get "$@"
 }
 
 # A setting in seconds, rounded up to whole seconds for shell arithmetic ("4.5" -> 5, "120.0" -> 120).
@@ -151,5 +152,5 @@ open_lock() {
 }
 
 control() {
-  py -m serving.control_cli --socket "${CONTROL_SOCKET}" "$@"
+  py -m medgemma_xray.serving.control_cli --socket "${CONTROL_SOCKET}" "$@"
 }

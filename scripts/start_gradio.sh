@@ -82,7 +82,7 @@ deadline=$((SECONDS + timeout_s))
 someone_else=""
 while :; do
   probe=0
-  answer=$(py -m serving.readiness --url "${url}" --instance "${instance}") || probe=$?
+  answer=$(py -m medgemma_xray.serving.readiness --url "${url}" --instance "${instance}") || probe=$?
   if ((probe == 0)); then
     break
   elif ((probe == 2)); then

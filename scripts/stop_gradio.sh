@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stop the server gracefully: SIGTERM lets running answers finish for up to DRAIN_TIMEOUT_S (the server's own
-# setting, read through python -m serving.settings), then SIGKILL if it is still there. Cleans what a dead server left.
+# setting, read through python -m medgemma_xray.serving.settings), then SIGKILL if it is still there. Cleans what a dead server left.
 # Usage: stop_gradio.sh [--timeout SECONDS]   (default: DRAIN_TIMEOUT_S + 15 s for the server's own shutdown)
 # Exit status: 0 stopped, or not running; 4 not allowed to signal it (run as the service's user or root).
 set -euo pipefail

@@ -20,11 +20,11 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 
 def _isolated_variables() -> frozenset[str]:
     """Settings a developer's shell may carry that would point a test server at someone else's files or model:
-    every field of serving.settings.Settings (read from the environment by its upper-case name), plus what the
+    every field of medgemma_xray.serving.settings.Settings (read from the environment by its upper-case name), plus what the
     process environment means to systemd and Gradio."""
     from dataclasses import fields
 
-    from serving.settings import Settings
+    from medgemma_xray.serving.settings import Settings
 
     return frozenset(spec.name.upper() for spec in fields(Settings)) | {"NOTIFY_SOCKET", "GRADIO_TEMP_DIR"}
 
@@ -80,7 +80,7 @@ def pytest_configure(config) -> None:
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
-    from demo_model.install import install_trained_checkpoint
+    from medgemma_xray.demo_model.install import install_trained_checkpoint
 
     return install_trained_checkpoint(REPO_ROOT / "models" / "medgemma-demo")
 
@@ -89,7 +89,7 @@ def demo_model_dir() -> Path:
 def random_model_dir() -> Path:
     """The random-weight demo checkpoint, for tests of serving mechanics that need answers that run to
     max_new_tokens (its stop tokens never win, so every answer is full length); the trained demo stops early."""
-    from demo_model.build import ensure_demo_checkpoint
+    from medgemma_xray.demo_model.build import ensure_demo_checkpoint
 
     return ensure_demo_checkpoint(REPO_ROOT / "models" / "medgemma-random")
 
@@ -193,7 +193,7 @@ def assert_refused_before_any_work(stderr: str) -> None:
 def synthetic_films(tmp_path_factory) -> Path:
     """One folder for every worker: a bundle records the SHA-256 of the films it was calibrated on, and each
     write_phantom_set call writes new DICOM UIDs, so a bundle built by one worker refused another's folder."""
-    from phantoms.films import write_phantom_set
+    from medgemma_xray.phantoms.films import write_phantom_set
 
     return built_once(tmp_path_factory, "calibration-films", lambda folder: write_phantom_set(folder, 12))
 

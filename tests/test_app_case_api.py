@@ -11,7 +11,7 @@ import pytest
 from gradio_client import Client, handle_file
 from PIL import Image
 
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.test_app_e2e import answer_text
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from assistant.report_schema import REPORT_FIELDS
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 
 pytestmark = pytest.mark.slow
 

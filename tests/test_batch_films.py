@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from assistant.batch.features import load_features
-from assistant.report_schema import REPORT_FIELDS
-from phantoms.films import (
+from medgemma_xray.assistant.batch.features import load_features
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS
+from medgemma_xray.phantoms.films import (
     COMPRESSED_SYNTAXES,
     UNCOMPRESSED_SYNTAXES,
     chest_phantom,
@@ -25,10 +25,10 @@ from phantoms.films import (
     png_bytes,
     quantize,
 )
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.loader import MAX_UPLOAD_BYTES
+from medgemma_xray.xray_io.preprocess import model_input_image
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT
-from xray_io import load_radiograph
-from xray_io.loader import MAX_UPLOAD_BYTES
-from xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 
@@ -213,7 +213,7 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
     assert {f"features/{p.name}" for p in (out / "features").glob("*.npy")} == referenced
     index = list(csv.DictReader((out / "features" / "index.csv").open()))
     assert [row["film_id"] for row in index] == ids
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     backend = TorchInference(random_model_dir, device="cpu")
     try:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from assistant.report_schema import REPORT_FIELDS
-from phantoms.films import dicom_bytes, quantize
-from phantoms.labelled import labelled_phantom
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS
+from medgemma_xray.phantoms.films import dicom_bytes, quantize
+from medgemma_xray.phantoms.labelled import labelled_phantom
 from tests.conftest import ARTIFACTS
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from phantoms.films import dicom_bytes, quantize
-from phantoms.labelled import labelled_phantom
+from medgemma_xray.phantoms.films import dicom_bytes, quantize
+from medgemma_xray.phantoms.labelled import labelled_phantom
 from tests.conftest import ARTIFACTS
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -192,9 +192,9 @@ def test_report_exports_are_named_per_report(browser, demo_server, films):
 
 def axe_violations(page) -> list[dict]:
     try:
-        import axe_playwright_python as axe  # ships axe-core's axe.min.js (pinned in requirements-dev.txt)
+        import axe_playwright_python as axe  # ships axe-core's axe.min.js (pinned in constraints.txt)
     except ImportError:
-        pytest.fail("axe-core is not installed; run scripts/setup_env.sh --dev (requirements-dev.txt)")
+        pytest.fail("axe-core is not installed; run scripts/setup_env.sh --dev (the dev extra)")
     page.add_script_tag(content=(Path(axe.__file__).parent / "axe.min.js").read_text())
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [

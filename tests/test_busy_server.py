@@ -9,7 +9,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import start_server
 
 BUSY_MESSAGE = "The server is busy: every place in the queue is taken. Please retry in a minute."

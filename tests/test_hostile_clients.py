@@ -17,7 +17,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, ServerProcess, free_port, start_server, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -124,13 +124,13 @@ def test_malformed_calls_get_clean_400s_and_leave_no_trace_of_the_input(server):
 
 
 def test_repeated_log_records_are_limited_and_earlier_lines_kept(tmp_path):
-    """The filter the server installs (serving.http_server.configure_logging): a flood from one log call keeps
+    """The filter the server installs (medgemma_xray.web.http_server.configure_logging): a flood from one log call keeps
     the first lines, a summary, and the file small; other records still pass."""
     log_file = tmp_path / "app.log"
     code = (
         "import logging, sys\n"
         "from pathlib import Path\n"
-        "from serving.http_server import configure_logging\n"
+        "from medgemma_xray.web.http_server import configure_logging\n"
         f"configure_logging(Path({str(log_file)!r}))\n"
         "logging.getLogger('app').info('EARLIER LINE')\n"
         "flood = logging.getLogger('asyncio')\n"

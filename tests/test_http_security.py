@@ -16,7 +16,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from devtools.hostile_files import FAKE_IDENTIFIERS, FAKE_IDENTIFYING_FILE_NAME, png_bomb
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import REPO_ROOT, ServerProcess, free_port, start_server
 
 pytestmark = pytest.mark.slow
@@ -251,7 +251,7 @@ def test_login_is_off_by_default_and_on_with_a_private_credentials_file(tmp_path
     assert httpx.get(f"{server.url}/config").status_code == 200  # the default: no login
     credentials = tmp_path / "credentials"
     added = subprocess.run(
-        [sys.executable, "-m", "serving.http_auth", "add", "--file", str(credentials), "--user", "teacher"],
+        [sys.executable, "-m", "medgemma_xray.web.http_auth", "add", "--file", str(credentials), "--user", "teacher"],
         cwd=REPO_ROOT,
         input="ward round 2026\n",
         capture_output=True,

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phantoms.findings import FINDINGS
-from teaching.library import load_library, write_starter_set
-from teaching.model_read import model_read
-from teaching.scoring import read_from_labels, score_read
+from medgemma_xray.phantoms.findings import FINDINGS
+from medgemma_xray.teaching.library import load_library, write_starter_set
+from medgemma_xray.teaching.model_read import model_read
+from medgemma_xray.teaching.scoring import read_from_labels, score_read
 from tests.conftest import ARTIFACTS, start_server
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 

@@ -1,4 +1,4 @@
-"""teaching.sr, teaching.report_context and teaching.session_export: the DICOM SR round-trips through pydicom;
+"""medgemma_xray.teaching.sr, medgemma_xray.teaching.report_context and medgemma_xray.teaching.session_export: the DICOM SR round-trips through pydicom;
 the session's CSV and PDF show every case; no export carries an uploaded file's name or a DICOM identifier."""
 
 from __future__ import annotations
@@ -12,18 +12,18 @@ import numpy as np
 import pydicom
 import pytest
 
-from assistant.report import parse_report
-from demo_model.teaching import structured_report
-from phantoms.films import dicom_bytes, png_bytes, quantize
-from phantoms.findings import sample_labels
-from phantoms.labelled import labelled_phantom
-from teaching.model_read import model_read
-from teaching.report_context import ClinicalContext, TeachingReport
-from teaching.rounds import upload_names
-from teaching.scoring import read_from_labels, score_read
-from teaching.session_export import CaseRecord, session_csv, session_pdf
-from teaching.sr import BASIC_TEXT_SR, sr_bytes
-from teaching.viewer import read_display_film
+from medgemma_xray.assistant.report import parse_report
+from medgemma_xray.demo_model.teaching import structured_report
+from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
+from medgemma_xray.phantoms.findings import sample_labels
+from medgemma_xray.phantoms.labelled import labelled_phantom
+from medgemma_xray.teaching.model_read import model_read
+from medgemma_xray.teaching.report_context import ClinicalContext, TeachingReport
+from medgemma_xray.teaching.rounds import upload_names
+from medgemma_xray.teaching.scoring import read_from_labels, score_read
+from medgemma_xray.teaching.session_export import CaseRecord, session_csv, session_pdf
+from medgemma_xray.teaching.sr import BASIC_TEXT_SR, sr_bytes
+from medgemma_xray.teaching.viewer import read_display_film
 
 PATIENT = {"patient_name": "Doe^Jane", "patient_id": "MRN-77123"}
 UPLOAD_NAME = "Doe_Jane_MRN-77123_chest.dcm"

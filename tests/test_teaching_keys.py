@@ -1,4 +1,4 @@
-"""teaching.keys and teaching.library: a teacher's key in the phantom label schema, refused with every problem
+"""medgemma_xray.teaching.keys and medgemma_xray.teaching.library: a teacher's key in the phantom label schema, refused with every problem
 named; the case library, its starter set, and the shuffle."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from phantoms.findings import sample_labels
-from teaching.keys import AnswerKeyError, key_from_json, key_from_record, validate_key
-from teaching.library import load_library, shuffled, write_starter_set
-from teaching.scoring import read_from_labels
+from medgemma_xray.phantoms.findings import sample_labels
+from medgemma_xray.teaching.keys import AnswerKeyError, key_from_json, key_from_record, validate_key
+from medgemma_xray.teaching.library import load_library, shuffled, write_starter_set
+from medgemma_xray.teaching.scoring import read_from_labels
 
 
 def _record(seed: int = 0) -> dict:

@@ -1,13 +1,19 @@
-"""teaching.scoring and teaching.model_read: every read field marked against the labels, exactly."""
+"""medgemma_xray.teaching.scoring and medgemma_xray.teaching.model_read: every read field marked against the labels, exactly."""
 
 from __future__ import annotations
 
 import pytest
 
-from demo_model.teaching import structured_report
-from phantoms.findings import FINDINGS, sample_labels
-from teaching.model_read import model_read
-from teaching.scoring import NODULE_SIZE_TOLERANCE_CM, READ_FIELDS, TOLERANCES, read_from_labels, score_read
+from medgemma_xray.demo_model.teaching import structured_report
+from medgemma_xray.phantoms.findings import FINDINGS, sample_labels
+from medgemma_xray.teaching.model_read import model_read
+from medgemma_xray.teaching.scoring import (
+    NODULE_SIZE_TOLERANCE_CM,
+    READ_FIELDS,
+    TOLERANCES,
+    read_from_labels,
+    score_read,
+)
 
 ALWAYS_SCORED = [name for name, (finding, _) in READ_FIELDS.items() if finding is None]
 WRONG_VALUES = {  # a value that differs from any key's, per field kind

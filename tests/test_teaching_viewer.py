@@ -1,4 +1,4 @@
-"""teaching.viewer: the film's own values and window, presets, invert, zoom and pan, and the ruler and calliper
+"""medgemma_xray.teaching.viewer: the film's own values and window, presets, invert, zoom and pan, and the ruler and calliper
 in millimetres from the DICOM pixel spacing ("uncalibrated" without it)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phantoms.films import dicom_bytes, png_bytes, quantize
-from phantoms.labelled import labelled_phantom
-from teaching.viewer import (
+from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
+from medgemma_xray.phantoms.labelled import labelled_phantom
+from medgemma_xray.teaching.viewer import (
     PRESETS,
     ViewState,
     click,

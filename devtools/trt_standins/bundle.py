@@ -16,9 +16,9 @@ def make_standin_bundle(source: Path, target: Path, gpu_name: str, compute_capab
 
     The accuracy record is the source bundle's: it was measured on these same graphs. The copy is sealed anew.
     """
-    from engine_build.builder import graph_profiles
-    from engine_bundle.integrity import seal, verify_bundle
-    from engine_bundle.manifest import read_manifest, write_manifest
+    from medgemma_xray.engine_build.builder import graph_profiles
+    from medgemma_xray.engine_bundle.integrity import seal, verify_bundle
+    from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
 
     source, target = Path(source), Path(target)
     verify_bundle(source, read_manifest(source))

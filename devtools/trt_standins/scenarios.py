@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine_bundle.masks import attention_masks
-from inference_api.types import ChatTurn, GenerationRequest
+from medgemma_xray.engine_bundle.masks import attention_masks
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 
 
 def two_turn_requests(reference_backend, film, tokens: int = 16) -> list[GenerationRequest]:
     """A question, then a follow-up whose history holds the reference backend's own first answer."""
-    from engine_build.comparison import generate_steps
+    from medgemma_xray.engine_build.comparison import generate_steps
 
     first = GenerationRequest(film, (ChatTurn("user", "What are the main findings?"),), max_new_tokens=tokens)
     answer = reference_backend.text.decode([step.token_id for step in generate_steps(reference_backend, first)])

@@ -1,7 +1,7 @@
 """A stand-in for the part of TensorRT's runtime API the executor uses, running the bundle's own ONNX graphs.
 
 A stand-in "plan" carries its graph's ONNX bytes and the optimization profile the real builder would use
-(engine_build.builder.graph_profiles). The engine reports I/O names, modes, types, shapes (-1 where dynamic) and
+(medgemma_xray.engine_build.builder.graph_profiles). The engine reports I/O names, modes, types, shapes (-1 where dynamic) and
 profile ranges from the graph; the context enforces the profile in set_input_shape, resolves output shapes from
 the inputs' symbolic dimensions, and in execute_async_v3 requires every input shape and every I/O address, waits for
 the stream, reads each input from "device" memory (bounds-checked by the memory object; NaN in a float input

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import stat
 
-from assistant.batch.films import KEY_NAME, film_key, find_films
+from medgemma_xray.assistant.batch.films import KEY_NAME, film_key, find_films
 
 
 def test_ids_are_stable_per_output_folder_and_differ_between_folders(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from assistant.batch.journal import FolderBusyError, Journal
+from medgemma_xray.assistant.batch.journal import FolderBusyError, Journal
 
 
 def record(film_id: str, task: str = "report", status: str = "ok", **extra) -> dict:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from assistant.batch.features import load_features
-from assistant.batch.journal import Journal
-from assistant.batch.requests import scheduled_requests, sequential_requests
-from assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
-from assistant.report_schema import REPORT_PROMPT
-from phantoms.films import chest_phantom, png_bytes, quantize
-from pytorch_backend.eager import TorchInference
+from medgemma_xray.assistant.batch.features import load_features
+from medgemma_xray.assistant.batch.journal import Journal
+from medgemma_xray.assistant.batch.requests import scheduled_requests, sequential_requests
+from medgemma_xray.assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
+from medgemma_xray.assistant.report_schema import REPORT_PROMPT
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.pytorch_backend.eager import TorchInference
 
 BAD_SIDE = 300  # the film whose vision batch fails in the backend
 
@@ -110,8 +110,8 @@ def test_qa_needs_questions_and_a_resume_refuses_other_questions(tmp_path, backe
 def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, random_model_dir):
     """The runner's batched path (serving's scheduler, all of a chunk's requests in flight) against the reference
     path (one request after another): greedy decoding, so the same text; confidence within 1e-5."""
-    from pytorch_backend.eager import TorchInference
-    from serving.scheduler import Scheduler
+    from medgemma_xray.pytorch_backend.eager import TorchInference
+    from medgemma_xray.serving.scheduler import Scheduler
 
     films = tmp_path / "films"
     films.mkdir()

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from assistant.answer_details import answer_details_markdown, answer_metadata
-from assistant.confidence import CONFIDENCE_EXPLANATION, answer_confidence, span_confidence, token_offsets
-from inference_api.types import GenerationStats
+from medgemma_xray.assistant.answer_details import answer_details_markdown, answer_metadata
+from medgemma_xray.assistant.confidence import CONFIDENCE_EXPLANATION, answer_confidence, span_confidence, token_offsets
+from medgemma_xray.inference_api.types import GenerationStats
 
 LOG = math.log
 

@@ -12,23 +12,23 @@ import inspect
 
 import pytest
 
-from assistant.confidence import answer_confidence
-from assistant.report import parse_report, report_request
-from inference_api.types import GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.assistant.confidence import answer_confidence
+from medgemma_xray.assistant.report import parse_report, report_request
+from medgemma_xray.inference_api.types import GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-4
 
 
 def test_same_tokens_same_confidence_on_pytorch_and_the_engine_bundle(demo_model_dir, request):
-    from trt_inference.trt_model import TRTInference as trt_class
+    from medgemma_xray.trt_inference.trt_model import TRTInference as trt_class
 
     assert not inspect.isabstract(trt_class), "TRTInference implements the whole token-level contract"
     bundle = request.getfixturevalue("fp32_bundle")  # built only once the test can run
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     image = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=7), 8))))
     results = []

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from assistant.report import FIELD_ALIASES, parse_report, report_request
-from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
+from medgemma_xray.assistant.report import FIELD_ALIASES, parse_report, report_request
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
 
 KEYS = [f.key for f in REPORT_FIELDS]
 WELL_FORMED = (

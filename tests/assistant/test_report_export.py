@@ -9,8 +9,8 @@ from datetime import date
 
 import pytest
 
-from assistant.report import parse_report
-from assistant.report_export import (
+from medgemma_xray.assistant.report import parse_report
+from medgemma_xray.assistant.report_export import (
     DISCLAIMER,
     EXPORT_FORMAT,
     export_stem,

@@ -1,14 +1,14 @@
-"""The demo model's training texts: answers agree with the labels, reports follow assistant.report_schema exactly."""
+"""The demo model's training texts: answers agree with the labels, reports follow medgemma_xray.assistant.report_schema exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
-from demo_model import teaching
-from phantoms.evaluation import parse_yes_no
-from phantoms.findings import FINDINGS, sample_labels
-from phantoms.questions import FINDING_QUESTIONS
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
+from medgemma_xray.demo_model import teaching
+from medgemma_xray.phantoms.evaluation import parse_yes_no
+from medgemma_xray.phantoms.findings import FINDINGS, sample_labels
+from medgemma_xray.phantoms.questions import FINDING_QUESTIONS
 
 LABELS = [sample_labels(seed) for seed in range(300)]
 

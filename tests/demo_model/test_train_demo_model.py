@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from demo_model import train
-from demo_model.build import build_config, build_model, build_processor, build_tokenizer
-from demo_model.dataset import ConversationTokeniser, TeachingData, tokenizer_corpus
-from pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
+from medgemma_xray.demo_model import train
+from medgemma_xray.demo_model.build import build_config, build_model, build_processor, build_tokenizer
+from medgemma_xray.demo_model.dataset import ConversationTokeniser, TeachingData, tokenizer_corpus
+from medgemma_xray.pytorch_backend.checkpoint import describe_checkpoint, weights_sha256
 
 
 def test_shared_image_loss_equals_the_models_own_forward_loss():
@@ -93,7 +93,7 @@ def test_training_is_deterministic_for_a_seed(two_runs):
 def test_run_record_and_marker_say_what_the_model_is_and_how_to_remake_it(two_runs):
     first, _ = two_runs
     record = json.loads((first / train.RECORD_FILE).read_text())
-    assert record["command"].startswith("python -m demo_model.train --output ")
+    assert record["command"].startswith("python -m medgemma_xray.demo_model.train --output ")
     assert "--seed 4" in record["command"] and record["data"]["data_seed"] == 4
     assert [point["step"] for point in record["loss_curve"]] == [1, 2]
     assert record["held_out_first_token_accuracy"][-1]["step"] == 2

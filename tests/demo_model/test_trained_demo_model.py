@@ -7,12 +7,12 @@ import shutil
 
 import pytest
 
-from assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
-from demo_model.install import TRAINED_CHECKPOINT_DIR, install_trained_checkpoint
-from demo_model.train import RECORD_FILE, TRAINED_MODEL_ID
-from inference_api.contract import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.evaluation import compare_task_accuracy, held_out_phantoms, parse_yes_no, task_accuracy
-from pytorch_backend.checkpoint import DEMO_MARKER, weights_sha256
+from medgemma_xray.assistant.report_schema import REPORT_FIELDS, REPORT_PROMPT
+from medgemma_xray.demo_model.install import TRAINED_CHECKPOINT_DIR, install_trained_checkpoint
+from medgemma_xray.demo_model.train import RECORD_FILE, TRAINED_MODEL_ID
+from medgemma_xray.inference_api.contract import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.phantoms.evaluation import compare_task_accuracy, held_out_phantoms, parse_yes_no, task_accuracy
+from medgemma_xray.pytorch_backend.checkpoint import DEMO_MARKER, weights_sha256
 
 # Ten fixed held-out phantoms (seeds 0-9; training never uses seeds below 1,000,000).
 CI_PHANTOMS = 10
@@ -20,7 +20,7 @@ CI_PHANTOMS = 10
 
 @pytest.fixture(scope="module")
 def backend():
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     model = TorchInference(TRAINED_CHECKPOINT_DIR, device="cpu")
     yield model
@@ -39,8 +39,10 @@ def test_the_committed_checkpoint_is_small_marked_and_recorded():
     assert marker["model_id"] == TRAINED_MODEL_ID and "not a medical model" in marker["warning"]
     record = json.loads((TRAINED_CHECKPOINT_DIR / RECORD_FILE).read_text())
     # Trained before the module moved from devtools.demo_checkpoint to demo_model; the record keeps the command
-    # as it ran. The same arguments reproduce it with python -m demo_model.train.
-    assert record["command"].startswith(("python -m demo_model.train ", "python -m devtools.demo_checkpoint.train "))
+    # as it ran. The same arguments reproduce it with python -m medgemma_xray.demo_model.train.
+    assert record["command"].startswith(
+        ("python -m medgemma_xray.demo_model.train ", "python -m devtools.demo_checkpoint.train ")
+    )
     assert record["held_out_eval"]["macro_f1"] > 0.8
 
 
@@ -65,7 +67,7 @@ def test_structured_report_follows_the_schema(backend, phantoms):
 
 @pytest.mark.slow  # 144 answers on CPU: 28 s alone on 2 cores, 41 s beside another worker
 def test_task_accuracy_gate_passes_the_model_and_fails_it_without_its_image_projector(backend, phantoms, tmp_path):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     subset = phantoms[:6]
     reference = task_accuracy(backend, subset)

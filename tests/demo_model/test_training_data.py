@@ -6,15 +6,15 @@ import pytest
 import torch
 from PIL import Image
 
-from demo_model.build import build_processor, build_tokenizer
-from demo_model.dataset import (
+from medgemma_xray.demo_model.build import build_processor, build_tokenizer
+from medgemma_xray.demo_model.dataset import (
     IGNORE_INDEX,
     ConversationTokeniser,
     TeachingData,
     chat,
     tokenizer_corpus,
 )
-from phantoms.evaluation import TRAIN_SEED_BASE
+from medgemma_xray.phantoms.evaluation import TRAIN_SEED_BASE
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_the_pool_holds_exactly_what_the_processor_gives_and_any_worker_count_dr
     the pool in parallel must not change it (the run is reproducible on any machine)."""
     import numpy as np
 
-    from demo_model.dataset import film_image
+    from medgemma_xray.demo_model.dataset import film_image
 
     alone = TeachingData(processor, data_seed=1, films_per_step=1, pool_films=3, variants=1)
     parallel = TeachingData(processor, data_seed=1, films_per_step=1, pool_films=3, variants=1, workers=2)

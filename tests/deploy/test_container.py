@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ def entrypoint(*args: str, env: dict | None = None, timeout: int = 120) -> subpr
     environment = {k: v for k, v in os.environ.items() if k not in ISOLATED_VARIABLES}
     environment.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "deploy.entrypoint", *args],
+        [str(Path(sys.executable).with_name("medgemma-xray-container")), *args],  # the installed entry point
         cwd=REPO_ROOT,
         env=environment,
         capture_output=True,
@@ -41,7 +42,10 @@ def test_the_base_image_is_pinned_by_tag_and_digest_and_the_image_runs_as_a_user
     text = DOCKERFILE.read_text()
     base = next(line for line in text.splitlines() if line.startswith("ARG BASE_IMAGE="))
     assert ":25.11-py3@sha256:" in base and len(base.split("@sha256:")[1]) == 64
-    assert "USER 10001:10001" in text and "HEALTHCHECK" in text and "deploy.entrypoint" in text
+    assert "USER 10001:10001" in text and "HEALTHCHECK" in text
+    assert 'ENTRYPOINT ["medgemma-xray-container"]' in text and 'CMD ["medgemma-xray-container", "healthcheck"]' in text
+    scripts = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["medgemma-xray-container"] == "medgemma_xray.cli.container:main"
 
 
 @pytest.mark.parametrize(
@@ -80,7 +84,7 @@ def test_serve_starts_the_server_and_the_healthcheck_follows_readiness(tmp_path,
     env.update(PORT=port, LOG_DIR=str(tmp_path), BAKED_ENGINE_DIR=str(tmp_path / "none"))
     assert entrypoint("healthcheck", env=env).returncode == 1  # nothing listens yet
     server = subprocess.Popen(
-        [sys.executable, "-m", "deploy.entrypoint", "serve"],
+        [sys.executable, "-m", "medgemma_xray.cli.container", "serve"],
         cwd=REPO_ROOT,
         env=env,
         stdout=open(tmp_path / "console.log", "wb"),  # noqa: SIM115 (closed with the process)

@@ -84,11 +84,11 @@ def test_the_rayservice_pod_templates_pass_the_kubernetes_schema():
 def test_the_serve_configs_pass_ray_serves_schema_and_the_apps_argument_check(path):
     from ray.serve.schema import ServeDeploySchema
 
-    from scaleout.serve_app import split_args
+    from medgemma_xray.scaleout.serve_app import split_args
 
     config = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
     for application in config.applications:
-        assert application.import_path == "scaleout.serve_app:build_app"
+        assert application.import_path == "medgemma_xray.scaleout.serve_app:build_app"
         split_args(application.args)  # refuses an unknown argument, naming the valid ones
 
 
@@ -102,7 +102,7 @@ def test_the_rayservice_runs_the_same_application_as_the_gpu_config():
 
 
 def test_an_unknown_application_argument_is_refused_by_name():
-    from scaleout.serve_app import split_args
+    from medgemma_xray.scaleout.serve_app import split_args
 
     with pytest.raises(ValueError, match="unknown application argument 'replica'.*replicas"):
         split_args({"replica": 2})

@@ -104,7 +104,7 @@ def test_shapes_are_checked_before_any_work(demo_model_dir, synthetic_films, tmp
 
 
 def test_publish_swaps_a_bundle_whole(tmp_path):
-    from engine_build.staging import make_staging_dir, publish
+    from medgemma_xray.engine_build.staging import make_staging_dir, publish
 
     out = tmp_path / "bundle"
     out.mkdir()

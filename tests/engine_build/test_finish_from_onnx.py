@@ -9,11 +9,11 @@ import pytest
 from devtools.trt_standins.bundle import installed, make_standin_bundle
 from devtools.trt_standins.cuda_host import HostCudaRuntime, HostMemory
 from devtools.trt_standins.tensorrt_runtime import tensorrt_module
-from engine_build.finish import held_out_films, verify_plans
-from engine_build.pipeline import BuildRefusedError
-from engine_build.precision import BuildPlan
-from engine_bundle.integrity import seal
-from engine_bundle.manifest import read_manifest, write_manifest
+from medgemma_xray.engine_build.finish import held_out_films, verify_plans
+from medgemma_xray.engine_build.pipeline import BuildRefusedError
+from medgemma_xray.engine_build.precision import BuildPlan
+from medgemma_xray.engine_bundle.integrity import seal
+from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def standins():
 def test_plans_that_run_here_are_gated_before_they_count_as_verified(
     fp32_bundle, demo_model_dir, synthetic_films, tmp_path, standins
 ):
-    from trt_inference.trt_model import TRTInference, UnverifiedExecutorError
+    from medgemma_xray.trt_inference.trt_model import TRTInference, UnverifiedExecutorError
 
     bundle = make_standin_bundle(fp32_bundle, tmp_path / "bundle", "Host stand-in", "9.0")
     with pytest.raises(UnverifiedExecutorError):  # as a --from_onnx on a CPU host leaves it

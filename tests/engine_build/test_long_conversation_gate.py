@@ -7,13 +7,13 @@ import shutil
 
 import pytest
 
-from engine_build import quantize
-from engine_build.verify import Thresholds, check, measure_accuracy
-from engine_bundle.manifest import read_manifest, write_manifest
-from phantoms.films import chest_phantom, png_bytes
-from phantoms.films import quantize as quantize_pixels
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.engine_build import quantize
+from medgemma_xray.engine_build.verify import Thresholds, check, measure_accuracy
+from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes
+from medgemma_xray.phantoms.films import quantize as quantize_pixels
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 FP16 = 10
@@ -24,7 +24,7 @@ FIXED_FP32_NODES = list(quantize.AUTOCAST_FP32_NODES)  # read before any test pa
 
 @pytest.fixture(scope="module")
 def reference(demo_model_dir):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     backend = TorchInference(demo_model_dir, device="cpu")
     yield backend
@@ -49,7 +49,7 @@ def fp16_decoder_bundle(fp32_bundle, folder, fp32_nodes, monkeypatch):
 
 
 def long_case_failures(reference, bundle_dir, film) -> tuple[dict, list[str]]:
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(bundle_dir, executor="onnxruntime-cpu", require_verified=False)
     try:

@@ -49,7 +49,7 @@ def test_a_successful_build_logs_no_error_and_a_self_consistent_profile(int8_bun
 
 
 def test_the_decoder_profile_satisfies_past_plus_new_equals_total():
-    from engine_build.builder import graph_profiles
+    from medgemma_xray.engine_build.builder import graph_profiles
 
     shapes = {
         "max_batch": 2,
@@ -83,7 +83,7 @@ def test_graphs_carry_explicit_qdq(int8_bundle):
 
 def test_tensorrt_rtx_built_every_graph_fp_and_qdq(int8_bundle, tmp_path):
     """TensorRT's ONNX parser and builder accept every graph we export: fp32 and the Q/DQ versions."""
-    from engine_build.builder import EngineBuilder, graph_profiles
+    from medgemma_xray.engine_build.builder import EngineBuilder, graph_profiles
 
     manifest = json.loads((int8_bundle / "manifest.json").read_text())
     for graph in ("vision", "embed", "decoder"):
@@ -113,7 +113,7 @@ def test_bad_inputs_exit_non_zero_with_a_reason(demo_model_dir, tmp_path):
 
 
 def test_onnx_only_bundle_can_be_finished_later(fp32_bundle, tmp_path):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = tmp_path / "finish"
     shutil.copytree(fp32_bundle, bundle)
@@ -132,7 +132,7 @@ def test_onnx_only_bundle_can_be_finished_later(fp32_bundle, tmp_path):
     TRTInference(bundle, executor="onnxruntime-cpu").close()  # the re-sealed bundle verifies on ONNX Runtime
     # ... but its plans were never run: the TensorRT executor refuses them without the operator's override
     # (until issue 17 the runtime read only `passed`, and would have served them as verified).
-    from trt_inference.trt_model import UnverifiedExecutorError
+    from medgemma_xray.trt_inference.trt_model import UnverifiedExecutorError
 
     with pytest.raises(UnverifiedExecutorError, match="plans_verified: False"):
         TRTInference(bundle, executor="tensorrt")

@@ -52,7 +52,7 @@ def node_types(path):
 
 
 def test_fp16_finishes_on_cpu_with_fp32_norms_softmax_and_lm_head(demo_model_dir, synthetic_films, tmp_path):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     out = tmp_path / "fp16"
     result = run_optimizer(*build_args(demo_model_dir, synthetic_films, out, "fp16", "--target", "none"))
@@ -121,7 +121,7 @@ def test_fp8_is_refused_in_under_2_s_on_a_host_that_cannot_verify_it(demo_model_
 
 
 def test_fp8_plans_for_tensorrt_rtx_target_only_sm89_and_newer():
-    from engine_build.precision import PrecisionRefusedError, plan_build
+    from medgemma_xray.engine_build.precision import PrecisionRefusedError, plan_build
 
     with pytest.raises(PrecisionRefusedError, match="ONNX Runtime's CPU provider only emulates FP8"):
         plan_build("fp8", "tensorrt-rtx", None, None, "no GPU here")
@@ -135,8 +135,8 @@ def test_fp8_graphs_run_in_onnxruntime_as_written(int8_bundle, tmp_path):
     """ORT_ENABLE_BASIC runs ModelOpt's FP8 Q/DQ as written; higher levels fuse it into a kernel that rejects float8."""
     import onnxruntime as ort
 
-    from engine_build.quantize import quantize_graph
-    from trt_inference.runtime.onnx_executor import OPTIMIZATION_LEVELS
+    from medgemma_xray.engine_build.quantize import quantize_graph
+    from medgemma_xray.trt_inference.runtime.onnx_executor import OPTIMIZATION_LEVELS
 
     source = int8_bundle / "onnx" / "fp32" / "vision.onnx"
     rng = np.random.default_rng(0)

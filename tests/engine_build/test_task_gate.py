@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from demo_model.install import TRAINED_CHECKPOINT_DIR
-from phantoms.findings import FINDINGS
+from medgemma_xray.demo_model.install import TRAINED_CHECKPOINT_DIR
+from medgemma_xray.phantoms.findings import FINDINGS
 from tests.conftest import run_optimizer
 from tests.engine_build.test_build_safety import snapshot
 
@@ -63,14 +63,14 @@ def zero_projector_scales(path):
 def test_a_broken_quantisation_is_refused_on_macro_f1_and_the_bundle_left_alone(
     trained_int8, synthetic_films, tmp_path, monkeypatch
 ):
-    import engine_build.quantize
-    from engine_build.pipeline import BuildOptions, build_bundle
-    from engine_build.verify import AccuracyError
+    import medgemma_xray.engine_build.quantize
+    from medgemma_xray.engine_build.pipeline import BuildOptions, build_bundle
+    from medgemma_xray.engine_build.verify import AccuracyError
 
     previous = tmp_path / "out" / "bundle"
     shutil.copytree(trained_int8[0], previous)
     before = snapshot(previous)
-    real_quantize = engine_build.quantize.quantize_graph
+    real_quantize = medgemma_xray.engine_build.quantize.quantize_graph
 
     def quantize_then_break(graph, source, target, *args, **kwargs):
         real_quantize(graph, source, target, *args, **kwargs)
@@ -78,7 +78,7 @@ def test_a_broken_quantisation_is_refused_on_macro_f1_and_the_bundle_left_alone(
             zero_projector_scales(target)
         return target
 
-    monkeypatch.setattr(engine_build.quantize, "quantize_graph", quantize_then_break)
+    monkeypatch.setattr(medgemma_xray.engine_build.quantize, "quantize_graph", quantize_then_break)
     options = BuildOptions(
         model_path=TRAINED_CHECKPOINT_DIR,
         calib_images=synthetic_films,
@@ -105,7 +105,7 @@ def test_a_broken_quantisation_is_refused_on_macro_f1_and_the_bundle_left_alone(
 
 
 def test_task_phantoms_0_switches_the_gate_off_and_says_so():
-    from engine_build.task_gate import measure_task_accuracy
+    from medgemma_xray.engine_build.task_gate import measure_task_accuracy
 
     record = measure_task_accuracy(None, None, phantoms=0, start_seed=900_000, max_drop=0.01)
     assert record["enabled"] is False and record["passed"] is True
@@ -114,8 +114,8 @@ def test_task_phantoms_0_switches_the_gate_off_and_says_so():
 
 def test_asking_a_phantoms_questions_as_one_case_gives_the_same_answers(trained_int8):
     """The gate encodes each film once (share_film_prefix); the contract promises the answers do not change."""
-    from phantoms.evaluation import held_out_phantoms, task_accuracy
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.phantoms.evaluation import held_out_phantoms, task_accuracy
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     phantoms = held_out_phantoms(2, 900_000)
     bundle = TRTInference(trained_int8[0], executor="onnxruntime-cpu")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from film_check import NotAChestFilmError, check_film, load_reference
-from film_check.__main__ import main as film_check_main
-from film_check.calibration import as_uploaded, auroc
-from film_check.features import FEATURE_NAMES, film_features
-from film_check.negatives import NEGATIVE_KINDS, negative_film
-from phantoms.evaluation import held_out_phantoms
-from xray_io import ImageInputError
+from medgemma_xray.film_check import NotAChestFilmError, check_film, load_reference
+from medgemma_xray.film_check.__main__ import main as film_check_main
+from medgemma_xray.film_check.calibration import as_uploaded, auroc
+from medgemma_xray.film_check.features import FEATURE_NAMES, film_features
+from medgemma_xray.film_check.negatives import NEGATIVE_KINDS, negative_film
+from medgemma_xray.phantoms.evaluation import held_out_phantoms
+from medgemma_xray.xray_io import ImageInputError
 
 
 def test_twenty_held_out_phantoms_pass():
@@ -67,7 +67,7 @@ def test_evaluate_prints_the_table(capsys, tmp_path):
 
 
 def test_the_film_check_setting_names_its_choices():
-    from serving.settings import Settings, SettingsError
+    from medgemma_xray.serving.settings import Settings, SettingsError
 
     assert Settings.from_env({}).film_check == "refuse"
     assert Settings.from_env({"FILM_CHECK": "warn"}).film_check == "warn"

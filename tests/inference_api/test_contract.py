@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from inference_api.errors import BackendClosedError
-from inference_api.types import ChatTurn, GenerationRequest, Mode
+from medgemma_xray.inference_api.errors import BackendClosedError
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, Mode
 from tests.support.scripted_backend import ScriptedBackend
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference_api.decoding import IncrementalDecoder
+from medgemma_xray.inference_api.decoding import IncrementalDecoder
 
 
 @pytest.fixture(scope="module")

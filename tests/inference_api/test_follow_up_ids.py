@@ -7,7 +7,7 @@ previous turns, and only when the history is the one the conversation answered.
 
 from __future__ import annotations
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
 from tests.support.scripted_backend import ScriptedBackend
 
 QUESTIONS = ("Findings?", "And the heart?", "Effusion?")

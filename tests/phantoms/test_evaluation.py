@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from phantoms.evaluation import (
+from medgemma_xray.phantoms.evaluation import (
     HELD_OUT_SEED_LIMIT,
     answer_confidence,
     compare_task_accuracy,
@@ -17,7 +17,7 @@ from phantoms.evaluation import (
     parse_yes_no,
     summarise,
 )
-from phantoms.findings import FINDINGS
+from medgemma_xray.phantoms.findings import FINDINGS
 
 
 def test_yes_no_is_read_from_the_first_word_only():

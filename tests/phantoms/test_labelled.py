@@ -10,8 +10,8 @@ import pydicom
 import pytest
 from PIL import Image
 
-from phantoms.__main__ import main as phantoms_cli
-from phantoms.findings import (
+from medgemma_xray.phantoms.__main__ import main as phantoms_cli
+from medgemma_xray.phantoms.findings import (
     FINDINGS,
     SYNTHETIC_NOTICE,
     Effusion,
@@ -24,8 +24,8 @@ from phantoms.findings import (
     Technique,
     sample_labels,
 )
-from phantoms.labelled import FILM_HEIGHT_CM, labelled_phantom, read_labels, write_labelled_set
-from xray_io import load_radiograph
+from medgemma_xray.phantoms.labelled import FILM_HEIGHT_CM, labelled_phantom, read_labels, write_labelled_set
+from medgemma_xray.xray_io import load_radiograph
 
 PLAIN = PhantomLabels(seed=0, heart=Heart(0.42), technique=Technique(False, "adequate", "adequate"))
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from inference_api.types import GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.types import GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the left side?")
 

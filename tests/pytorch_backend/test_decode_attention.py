@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from pytorch_backend.decode_attention import reference_decode_attention
+from medgemma_xray.pytorch_backend.decode_attention import reference_decode_attention
 from tests.conftest import REPO_ROOT
 
 
@@ -51,7 +51,7 @@ def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arr
     _patch(tensor, scope)
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 interpreter._patch_lang_tensor = _patch_index
-from pytorch_backend.decode_attention import reference_decode_attention, triton_decode_attention
+from medgemma_xray.pytorch_backend.decode_attention import reference_decode_attention, triton_decode_attention
 torch.manual_seed(0)
 worst = 0.0
 for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2), (2, 2, 16, 0, 1), (8, 1, 32, 7, 4)):
@@ -84,7 +84,7 @@ def test_triton_kernels_compile_for_the_h200(write_kv, norm_rope):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, _kernels
+    from medgemma_xray.pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, _kernels
 
     kernels = _kernels()
     strides = ["q_b", "q_h", "q_d", "nk_b", "nk_h", "nk_d", "nv_b", "nv_h", "nv_d"]

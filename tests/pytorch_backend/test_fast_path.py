@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.types import ChatTurn, GenerationRequest
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 from tests.pytorch_backend.conftest import QUESTIONS, run
 
 
 @pytest.fixture(scope="module")
 def eager(demo_model_dir):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     backend = TorchInference(demo_model_dir, device="cpu")
     yield backend
@@ -23,7 +23,7 @@ def eager(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def fast(demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(demo_model_dir, device="cpu", slots=4, max_sequence=1024, max_resident_conversations=2)
     yield backend

@@ -9,18 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from pytorch_backend.pixel_cache import PixelCache
-from pytorch_backend.prefill_graphs import image_rows, prefill_bucket, usable_buckets
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.pytorch_backend.pixel_cache import PixelCache
+from medgemma_xray.pytorch_backend.prefill_graphs import image_rows, prefill_bucket, usable_buckets
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 from tests.pytorch_backend.conftest import QUESTIONS, run
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
 
 
 @pytest.fixture(scope="module")
 def plain(demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(demo_model_dir, device="cpu", slots=4, max_sequence=1024, max_resident_conversations=2)
     backend.warm_up()
@@ -30,7 +30,7 @@ def plain(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def quick(plain):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(
         "demo",
@@ -126,7 +126,7 @@ def test_queued_steps_survive_batches_that_change_and_slots_that_are_reused(plai
 
 
 def test_a_film_preprocessed_on_arrival_is_not_preprocessed_again(quick, films):
-    from serving.scheduler import Scheduler
+    from medgemma_xray.serving.scheduler import Scheduler
 
     film = model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=77), 8))))
     request = GenerationRequest(film, (ChatTurn("user", "Findings?"),), max_new_tokens=4)

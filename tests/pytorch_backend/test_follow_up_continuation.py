@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from inference_api.contract import Prompt
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.contract import Prompt
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 QUESTIONS = ("What are the main findings?", "And the heart?", "Any pleural effusion?")
 
@@ -28,7 +28,7 @@ def film():
 
 @pytest.fixture(scope="module")
 def backend(demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     fast = FastTorchInference(demo_model_dir, device="cpu", slots=4, max_sequence=1024, prefix_cache_gib=0)
     yield fast

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from inference_api.types import GenerationStats
-from pytorch_backend.weight_gate import gate_requests
-from serving.settings import Settings, SettingsError
+from medgemma_xray.inference_api.types import GenerationStats
+from medgemma_xray.pytorch_backend.weight_gate import gate_requests
+from medgemma_xray.serving.settings import Settings, SettingsError
 
 
 @pytest.fixture(scope="module")
 def current(demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(demo_model_dir, device="cpu", slots=2, max_sequence=1024, max_resident_conversations=1)
     yield backend
@@ -20,7 +20,7 @@ def current(demo_model_dir):
 
 
 def make(current, **kwargs):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     return FastTorchInference(
         "demo",
@@ -52,7 +52,7 @@ def test_the_fused_step_and_int8_give_the_current_steps_tokens(current):
 
 
 def test_a_broken_scale_is_refused_at_start_with_the_matrix_named(current):
-    from pytorch_backend.weight_gate import WeightModeRefused
+    from medgemma_xray.pytorch_backend.weight_gate import WeightModeRefused
 
     int8 = make(current, weights="int8")
     int8.fused.matrices[1].down_scale[3] *= 1.5  # one output channel's scale off by half

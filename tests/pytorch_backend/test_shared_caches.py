@@ -7,15 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.shared_caches import PrefixBlockCache
-from inference_api.types import ChatTurn, GenerationRequest
+from medgemma_xray.inference_api.shared_caches import PrefixBlockCache
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 from tests.pytorch_backend.conftest import QUESTIONS, run
 
 
 @pytest.fixture(scope="module")
 def lone(demo_model_dir):
     """The reference: no shared caches at all, every prompt prefilled alone."""
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(
         demo_model_dir, device="cpu", slots=4, max_sequence=1024, prefix_cache_gib=0, image_cache_gib=0
@@ -26,7 +26,7 @@ def lone(demo_model_dir):
 
 @pytest.fixture(scope="module")
 def shared(demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     backend = FastTorchInference(demo_model_dir, device="cpu", slots=4, max_sequence=1024, prefix_cache_gib=0.05)
     yield backend
@@ -90,7 +90,7 @@ def test_image_and_prefix_caches_hit_on_the_same_film_and_miss_on_another(shared
 
 
 def test_the_image_cache_serves_a_film_whose_prefix_was_not_cached(shared, lone, films, demo_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     images_only = FastTorchInference(demo_model_dir, device="cpu", slots=2, max_sequence=1024, prefix_cache_gib=0)
     try:
@@ -125,7 +125,7 @@ def test_a_colliding_chain_hash_still_never_crosses_films():
 
 
 def test_a_small_cache_evicts_and_still_answers_the_same(lone, films, demo_model_dir):
-    from pytorch_backend.fast import PREFIX_BLOCK_TOKENS, FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import PREFIX_BLOCK_TOKENS, FastTorchInference
 
     probe = lone.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
     blocks = 24  # fewer than two prompts' worth (each prompt is 280+ tokens: 17+ blocks)

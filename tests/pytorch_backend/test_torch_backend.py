@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.contract import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
-from inference_api.errors import RequestError
-from phantoms.films import chest_phantom, png_bytes, quantize
-from pytorch_backend.hf_reference import hf_generate, hf_inputs
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.contract import BackendClosedError, ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.inference_api.errors import RequestError
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.pytorch_backend.hf_reference import hf_generate, hf_inputs
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 
 @pytest.fixture(scope="module")
 def backend(demo_model_dir):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     model = TorchInference(demo_model_dir, device="cpu")
     yield model
@@ -114,7 +114,7 @@ def test_another_film_under_the_same_conversation_is_not_reused(backend, image):
 
 
 def test_least_recently_used_conversation_is_evicted(demo_model_dir, image):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     model = TorchInference(demo_model_dir, device="cpu", max_resident_conversations=1)
     try:
@@ -139,7 +139,7 @@ def test_bad_requests_are_refused(backend, image):
 
 
 def test_close_is_idempotent_and_final(demo_model_dir, image):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     model = TorchInference(demo_model_dir, device="cpu")
     assert model.warm_up() > 0
@@ -150,8 +150,8 @@ def test_close_is_idempotent_and_final(demo_model_dir, image):
 
 
 def test_demo_checkpoint_is_deterministic(tmp_path):
-    from demo_model.build import write_demo_checkpoint
-    from pytorch_backend.checkpoint import weights_sha256
+    from medgemma_xray.demo_model.build import write_demo_checkpoint
+    from medgemma_xray.pytorch_backend.checkpoint import weights_sha256
 
     first, second = write_demo_checkpoint(tmp_path / "a"), write_demo_checkpoint(tmp_path / "b")
     assert weights_sha256(first) == weights_sha256(second)
@@ -159,7 +159,7 @@ def test_demo_checkpoint_is_deterministic(tmp_path):
 
 
 def test_not_a_model_directory_is_explained(tmp_path):
-    from pytorch_backend.checkpoint import CheckpointError, describe_checkpoint
+    from medgemma_xray.pytorch_backend.checkpoint import CheckpointError, describe_checkpoint
 
     with pytest.raises(CheckpointError, match="MODEL_PATH"):
         describe_checkpoint(tmp_path)

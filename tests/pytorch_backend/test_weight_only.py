@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from pytorch_backend.weight_only import (
+from medgemma_xray.pytorch_backend.weight_only import (
     MAX_RECONSTRUCTION_ERROR,
     quantize_weight,
     reconstruction_error,
@@ -47,10 +47,10 @@ def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arr
     _patch(tensor, scope)
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 interpreter._patch_lang_tensor = _patch_index
-from pytorch_backend.weight_only import quantize_weight, reference_weight_only_linear, triton_weight_only_linear
-from pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
-from pytorch_backend.decode_attention import write_decode_attention_rope
-from pytorch_backend.weight_only import SPLITS, reference_gelu_glu, triton_gemv
+from medgemma_xray.pytorch_backend.weight_only import quantize_weight, reference_weight_only_linear, triton_weight_only_linear
+from medgemma_xray.pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
+from medgemma_xray.pytorch_backend.decode_attention import write_decode_attention_rope
+from medgemma_xray.pytorch_backend.weight_only import SPLITS, reference_gelu_glu, triton_gemv
 torch.manual_seed(0)
 worst = 0.0
 for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K (3 of 8 rows) and gelu-gated
@@ -125,7 +125,7 @@ def test_weight_only_kernel_compiles_for_the_h200(weight_type):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pytorch_backend.weight_only import CONFIGS, _kernels
+    from medgemma_xray.pytorch_backend.weight_only import CONFIGS, _kernels
 
     signature = {
         "x": "*bf16",
@@ -155,7 +155,7 @@ def test_gemv_kernel_compiles_for_the_h200(weight_type, variant):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pytorch_backend.weight_only import GEMV_BLOCKS, GLU_BLOCKS, SPLITS, _kernels
+    from medgemma_xray.pytorch_backend.weight_only import GEMV_BLOCKS, GLU_BLOCKS, SPLITS, _kernels
 
     signature = {
         "x": "*bf16",
@@ -203,7 +203,7 @@ def test_int8_gemv_widens_without_the_conversion_unit(tmp_path):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pytorch_backend.weight_only import _kernels
+    from medgemma_xray.pytorch_backend.weight_only import _kernels
 
     signature = {
         **{"x": "*bf16", "w": "*i8", "scale": "*fp32", "out": "*fp32", "partials": "*fp32", "counters": "*i32"},

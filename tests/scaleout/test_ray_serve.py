@@ -22,7 +22,7 @@ import openai
 import pytest
 import yaml
 
-from phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 from tests.conftest import REPO_ROOT, free_port
 from tests.test_app_e2e import answer_text
 
@@ -225,7 +225,7 @@ def test_the_ui_answers_through_the_ingress_and_control_reaches_each_replica(ser
     assert chat[-1]["role"] == "assistant" and answer_text(chat).strip()
 
     result = subprocess.run(
-        [sys.executable, "-m", "scaleout.control", "status"],
+        [sys.executable, "-m", "medgemma_xray.scaleout.control", "status"],
         cwd=REPO_ROOT,
         env={**serve_app.env, "RAY_ADDRESS": "auto"},
         capture_output=True,

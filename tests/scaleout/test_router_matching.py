@@ -12,7 +12,7 @@ def test_a_replica_chosen_for_one_request_is_not_handed_to_an_older_one():
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
     from ray.serve.request_router import PendingRequest
 
-    from scaleout.router import ConversationAffinityRouter
+    from medgemma_xray.scaleout.router import ConversationAffinityRouter
 
     async def scenario() -> tuple[object, bool]:
         router = ConversationAffinityRouter(

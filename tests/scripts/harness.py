@@ -92,7 +92,7 @@ def servers_for(log_dir: Path) -> list[int]:
 
 def make_portable_checkout(target: Path) -> Path:
     """A copy of this working tree that any user may run: world-readable, with a .venv on the system Python that
-    reuses the project venv's packages (.pth). The project's own .venv may sit on an interpreter that only its
+    reuses the project venv's packages and imports the copy's own src/ (.pth). The project's own .venv may sit on an interpreter that only its
     owner can reach (pyenv under /root), which no service user or second operator could run."""
     system_python = Path("/usr/bin/python3")
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
@@ -111,7 +111,9 @@ def make_portable_checkout(target: Path) -> Path:
     (target / "models").symlink_to((REPO_ROOT / "models").resolve())
     subprocess.run([str(system_python), "-m", "venv", "--without-pip", str(target / ".venv")], check=True)
     site = target / ".venv" / "lib" / version / "site-packages"
-    (site / "project-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The copy's own src/ (as the editable install does for the project venv, whose .pth files a path entry does
+    # not run), then the project venv's packages.
+    (site / "project-venv.pth").write_text(f"{target / 'src'}\n{sysconfig.get_paths()['purelib']}\n")
     for path in [target, *target.parents]:
         if path == Path("/"):
             break

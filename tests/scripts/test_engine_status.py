@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from gradio_client import Client
 
-from serving.exit_codes import BAD_CONFIGURATION
+from medgemma_xray.serving.exit_codes import BAD_CONFIGURATION
 from tests.conftest import free_port
 from tests.scripts.harness import Operator
 
@@ -28,8 +28,8 @@ def badge(op: Operator) -> str:
 
 
 def reseal(bundle, change) -> None:
-    from engine_bundle.integrity import seal
-    from engine_bundle.manifest import read_manifest, write_manifest
+    from medgemma_xray.engine_bundle.integrity import seal
+    from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
 
     manifest = read_manifest(bundle)
     change(manifest)

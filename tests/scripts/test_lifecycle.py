@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from phantoms.films import chest_phantom, dicom_bytes, quantize
-from serving import exit_codes
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.serving import exit_codes
 from tests.conftest import REPO_ROOT, free_port
 from tests.scripts.harness import Operator
 
 pytestmark = pytest.mark.slow
-MODEL_LOADED = "PyTorch backend ready in"  # serving.service logs this once per model load
+MODEL_LOADED = "PyTorch backend ready in"  # medgemma_xray.serving.service logs this once per model load
 
 
 def alive(pid: int) -> bool:
@@ -103,7 +103,7 @@ def test_readiness_probe_accepts_only_its_own_instance(demo_server):
 
     def probe(expected: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "serving.readiness", "--url", demo_server.url, "--instance", expected],
+            [sys.executable, "-m", "medgemma_xray.serving.readiness", "--url", demo_server.url, "--instance", expected],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,
@@ -114,7 +114,15 @@ def test_readiness_probe_accepts_only_its_own_instance(demo_server):
     other = probe("0123456789abcdef")
     assert other.returncode == 2 and f"instance {instance}" in other.stdout
     nobody = subprocess.run(
-        [sys.executable, "-m", "serving.readiness", "--url", f"http://127.0.0.1:{free_port()}", "--instance", "x"],
+        [
+            sys.executable,
+            "-m",
+            "medgemma_xray.serving.readiness",
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--instance",
+            "x",
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -199,7 +207,7 @@ def test_stale_pid_file_socket_and_token_are_removed(tmp_path):
 def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_path, random_model_dir):
     def setting(**env: str) -> str:
         return subprocess.run(
-            [sys.executable, "-m", "serving.settings", "get", "drain_timeout_s"],
+            [sys.executable, "-m", "medgemma_xray.serving.settings", "get", "drain_timeout_s"],
             cwd=REPO_ROOT,
             env={**os.environ, **env},
             capture_output=True,
@@ -207,7 +215,7 @@ def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_pa
             check=True,
         ).stdout.strip()
 
-    from serving.settings import Settings
+    from medgemma_xray.serving.settings import Settings
 
     assert setting() == str(Settings().drain_timeout_s)
     assert float(setting(DRAIN_TIMEOUT_S="4")) == 4

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from devtools.loadtest import format_table, run_load
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ARTIFACTS, free_port
 from tests.scripts.harness import Operator
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port, wait_ready
 from tests.scripts.harness import Operator
 
@@ -232,7 +232,7 @@ def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_p
     control = [
         str(REPO_ROOT / ".venv" / "bin" / "python"),
         "-m",
-        "serving.control_cli",
+        "medgemma_xray.serving.control_cli",
         "--socket",
         str(log_dir / "control.sock"),
     ]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from serving import exit_codes
-from serving.settings import Settings
+from medgemma_xray.serving import exit_codes
+from medgemma_xray.serving.settings import Settings
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
 from tests.scripts.harness import Operator
 
@@ -217,7 +217,7 @@ def test_notify_sends_ready_only_once_listening_and_stopping_on_sigterm(demo_mod
 
 
 def test_notify_reaches_an_abstract_socket_and_is_silent_outside_systemd(monkeypatch):
-    from serving.systemd_notify import notify
+    from medgemma_xray.serving.systemd_notify import notify
 
     name = f"medgemma-test-{secrets.token_hex(4)}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as channel:

@@ -1,11 +1,11 @@
-"""Stop flags by browser session (serving/answer_stops.py): a Stop reaches every answer of its own session and
+"""Stop flags by browser session (web/answer_stops.py): a Stop reaches every answer of its own session and
 no other, and an ended answer leaves nothing behind."""
 
 from __future__ import annotations
 
 import threading
 
-from serving.answer_stops import AnswerStops
+from medgemma_xray.web.answer_stops import AnswerStops
 
 
 def test_stop_reaches_the_sessions_answers_and_no_other():
@@ -76,7 +76,7 @@ def test_with_login_a_stop_reaches_only_its_own_users_answers():
     (the teaching page keys its stops on user and session)."""
     import gradio as gr
 
-    from teaching_ui import _stop_key
+    from medgemma_xray.web.teaching_page import _stop_key
 
     stops = AnswerStops()
     alice = gr.Request(username="alice", session_hash="s1")

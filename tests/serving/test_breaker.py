@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from serving.breaker import CircuitBreaker
+from medgemma_xray.serving.breaker import CircuitBreaker
 
 
 def test_trips_once_after_consecutive_failures_and_a_success_resets_the_count():

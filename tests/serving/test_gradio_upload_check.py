@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.slow
@@ -21,12 +21,12 @@ from pathlib import Path
 cache, logs, secret, launched = sys.argv[1:5]
 os.environ["GRADIO_TEMP_DIR"] = cache
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
-import app as ui
+from medgemma_xray.web import app as ui
 from fastapi.testclient import TestClient
-from serving.http_server import build_http_app
-from serving.service import InferenceService
-from serving.settings import Settings
-from serving.upload_cache import UploadInbox
+from medgemma_xray.web.http_server import build_http_app
+from medgemma_xray.serving.service import InferenceService
+from medgemma_xray.serving.settings import Settings
+from medgemma_xray.web.upload_cache import UploadInbox
 
 service = InferenceService(Settings(log_dir=Path(logs)))  # not started: loading a model is not needed here
 demo = ui.build_ui(service, UploadInbox(cache))

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from serving.http_auth import authenticator, read_credentials
+from medgemma_xray.web.http_auth import authenticator, read_credentials
 from tests.conftest import REPO_ROOT
 
 
 def add_user(path, user: str, password: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "serving.http_auth", "add", "--file", str(path), "--user", user],
+        [sys.executable, "-m", "medgemma_xray.web.http_auth", "add", "--file", str(path), "--user", user],
         cwd=REPO_ROOT,
         input=password + "\n",
         capture_output=True,

@@ -1,6 +1,6 @@
 """An idle server stays asleep: on a shared workstation it sits beside other users' work all day. Gradio's queue
 polled for work every 1 ms (~780 wake-ups a second of the server's main thread here, 6% of a core); with
-serving.gradio_queue.quiet_idle_queue it wakes ~120 times a second. Counted in wake-ups, not CPU seconds, so the
+medgemma_xray.web.gradio_queue.quiet_idle_queue it wakes ~120 times a second. Counted in wake-ups, not CPU seconds, so the
 bound holds on a slow machine and a fast one alike."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.limits import LimitExceeded, RequestLimits
+from medgemma_xray.web.limits import LimitExceeded, RequestLimits
 
 LIMITS = RequestLimits(max_turns=3, max_prompt_tokens=40)
 

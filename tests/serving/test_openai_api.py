@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from devtools.hostile_files import FAKE_IDENTIFIERS
-from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
-from serving.http_auth import add_user
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+from medgemma_xray.web.http_auth import add_user
 from tests.conftest import start_server
 
 pytestmark = pytest.mark.slow

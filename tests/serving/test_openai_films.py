@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from phantoms.films import chest_phantom, png_bytes, quantize
-from serving.openai_api import ApiError, DecodedFilms, film_loader
-from serving.settings import Settings
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.serving.settings import Settings
+from medgemma_xray.web.openai_api import ApiError, DecodedFilms, film_loader
 
 
 def test_a_resent_film_is_decoded_once_and_bad_bytes_are_refused_each_time():

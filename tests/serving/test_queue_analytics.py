@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 
 
 @pytest.fixture
@@ -17,11 +17,11 @@ def served_app(tmp_path, monkeypatch):
     """The real app, built in this process around a service that loads no model (uploads need none)."""
     from fastapi.testclient import TestClient
 
-    import app as ui
-    from serving.http_server import build_http_app
-    from serving.service import InferenceService
-    from serving.settings import Settings
-    from serving.upload_cache import UploadInbox
+    from medgemma_xray.serving.service import InferenceService
+    from medgemma_xray.serving.settings import Settings
+    from medgemma_xray.web import app as ui
+    from medgemma_xray.web.http_server import build_http_app
+    from medgemma_xray.web.upload_cache import UploadInbox
 
     cache = tmp_path / "cache"
     cache.mkdir()

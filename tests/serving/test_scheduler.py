@@ -10,18 +10,18 @@ import time
 
 import pytest
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from serving.scheduler import Scheduler, SchedulerBusyError
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.serving.scheduler import Scheduler, SchedulerBusyError
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def backend(random_model_dir):
-    from pytorch_backend.fast import FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
     model = FastTorchInference(random_model_dir, device="cpu", slots=3, max_sequence=1024, max_resident_conversations=1)
     yield model

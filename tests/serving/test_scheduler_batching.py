@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import threading
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
-from serving.scheduler import Scheduler
-from serving.service import InferenceService
-from serving.settings import Settings
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
+from medgemma_xray.serving.scheduler import Scheduler
+from medgemma_xray.serving.service import InferenceService
+from medgemma_xray.serving.settings import Settings
 from tests.support.scripted_backend import ScriptedBackend
 
 

@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from inference_api.errors import RequestError
-from inference_api.types import ChatTurn, GenerationRequest
-from phantoms.films import chest_phantom, png_bytes, quantize
-from serving.service import InferenceService, SwitchError
-from serving.settings import Settings
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.errors import RequestError
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.serving.service import InferenceService, SwitchError
+from medgemma_xray.serving.settings import Settings
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +78,7 @@ def test_unknown_mode_and_missing_engine_leave_the_mode_alone(tmp_path):
 
 def test_a_film_uploaded_to_the_fast_path_is_preprocessed_before_the_question(tmp_path, demo_model_dir, image):
     """The upload handler calls prepare_film: the question's prefill finds the film's pixels already made."""
-    from inference_api.shared_caches import image_content_hash
+    from medgemma_xray.inference_api.shared_caches import image_content_hash
 
     settings = Settings(model_path=demo_model_dir, log_dir=tmp_path, device="cpu", torch_path="fast")
     service = InferenceService(settings)

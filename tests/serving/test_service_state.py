@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from inference_api.errors import RequestError
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
-from serving.service import InferenceService, ServiceUnavailable
-from serving.settings import Settings
+from medgemma_xray.inference_api.errors import RequestError
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats, Mode
+from medgemma_xray.serving.service import InferenceService, ServiceUnavailable
+from medgemma_xray.serving.settings import Settings
 from tests.support.scripted_backend import ScriptedBackend, scripted_factory
 
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from inference_api.types import Mode
-from serving.settings import Settings, SettingsError
+from medgemma_xray.inference_api.types import Mode
+from medgemma_xray.serving.settings import Settings, SettingsError
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT
 
 
@@ -41,7 +41,7 @@ def test_bad_values_name_the_variable_and_what_is_valid(environ, message):
 
 def test_the_cli_prints_what_the_environment_makes_of_a_setting():
     environment = {"PATH": "/usr/bin:/bin", "DRAIN_TIMEOUT_S": "33"}
-    command = [sys.executable, "-m", "serving.settings"]
+    command = [sys.executable, "-m", "medgemma_xray.serving.settings"]
     got = subprocess.run(
         [*command, "get", "drain_timeout_s"], cwd=REPO_ROOT, env=environment, capture_output=True, text=True
     )

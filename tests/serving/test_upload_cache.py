@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from serving.upload_cache import MARKER, NotAnUploadError, UploadGoneError, UploadInbox
+from medgemma_xray.web.upload_cache import MARKER, NotAnUploadError, UploadGoneError, UploadInbox
 from tests.conftest import REPO_ROOT
 
 
 def open_cache_in_child(path) -> subprocess.CompletedProcess:
     """PrivateCache.open must run before gradio is imported, and it holds its folder for the process's life."""
     script = (
-        "import sys, time\nfrom serving.upload_cache import PrivateCache\n"
+        "import sys, time\nfrom medgemma_xray.web.upload_cache import PrivateCache\n"
         f"cache = PrivateCache.open({str(path)!r})\nprint('opened', flush=True)\n"
         "sys.stdin.readline()\ncache.close()\nprint('closed', flush=True)\n"
     )
@@ -36,7 +36,11 @@ def open_cache_and_exit(path) -> subprocess.CompletedProcess:
     """PrivateCache.open once in a fresh process (it refuses once gradio is imported, which an earlier test in this
     pytest worker may have done), for the refusals it gives before holding anything."""
     return subprocess.run(
-        [sys.executable, "-c", f"from serving.upload_cache import PrivateCache\nPrivateCache.open({str(path)!r})"],
+        [
+            sys.executable,
+            "-c",
+            f"from medgemma_xray.web.upload_cache import PrivateCache\nPrivateCache.open({str(path)!r})",
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -85,7 +89,7 @@ def test_open_refuses_after_gradio_is_imported(tmp_path):
         [
             sys.executable,
             "-c",
-            f"import gradio\nfrom serving.upload_cache import PrivateCache\nPrivateCache.open({str(tmp_path / 'c')!r})",
+            f"import gradio\nfrom medgemma_xray.web.upload_cache import PrivateCache\nPrivateCache.open({str(tmp_path / 'c')!r})",
         ],
         cwd=REPO_ROOT,
         capture_output=True,

@@ -7,13 +7,9 @@ real TRTInference, never in production code. Run from the repository root: pytho
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from inference_api.types import Mode  # noqa: E402
-from serving.factory import create_backend  # noqa: E402
+from medgemma_xray.inference_api.types import Mode
+from medgemma_xray.serving.factory import create_backend
 
 
 class InjectedFault(RuntimeError):
@@ -43,6 +39,6 @@ def faulty_factory(mode, settings):
 
 
 if __name__ == "__main__":
-    import app
+    from medgemma_xray.web.app import main
 
-    raise SystemExit(app.main(backend_factory=faulty_factory))
+    raise SystemExit(main(backend_factory=faulty_factory))

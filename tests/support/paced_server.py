@@ -9,13 +9,9 @@ tests/support/paced_server.py ... (the same arguments as app.py).
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from serving.factory import create_backend  # noqa: E402
+from medgemma_xray.serving.factory import create_backend
 
 
 def paced_factory(mode, settings):
@@ -34,6 +30,6 @@ def paced_factory(mode, settings):
 
 
 if __name__ == "__main__":
-    import app
+    from medgemma_xray.web.app import main
 
-    raise SystemExit(app.main(backend_factory=paced_factory))
+    raise SystemExit(main(backend_factory=paced_factory))

@@ -11,9 +11,9 @@ import threading
 import time
 from collections import Counter
 
-from inference_api.contract import InferenceBackend, Prompt
-from inference_api.errors import NoFreeSlotError
-from inference_api.types import BackendInfo, GenerationRequest, Mode, TokenStep
+from medgemma_xray.inference_api.contract import InferenceBackend, Prompt
+from medgemma_xray.inference_api.errors import NoFreeSlotError
+from medgemma_xray.inference_api.types import BackendInfo, GenerationRequest, Mode, TokenStep
 
 STOP = 0
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inference_api.types import ChatTurn, GenerationRequest, GenerationStats
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest, GenerationStats
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ QUESTIONS = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the
 
 @pytest.fixture(scope="module")
 def engine(fp32_bundle):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     backend = TRTInference(fp32_bundle, executor="onnxruntime-cpu", sequence_slots=4)
     yield backend
@@ -49,7 +49,7 @@ def test_one_batched_executor_call_gives_each_row_its_lone_logits(engine, reques
         assert [sequence.past_length for sequence in sequences] == [past + 1 for past in pasts]
         for sequence, kv, past, token in zip(sequences, saved, pasts, tokens, strict=True):
             sequence.kv = kv  # rewind, then the same token alone
-            from engine_bundle.masks import attention_masks
+            from medgemma_xray.engine_bundle.masks import attention_masks
 
             query = np.asarray([[past]], dtype=np.int64)
             keys = np.concatenate([[-1], np.arange(past + 1)])[None]

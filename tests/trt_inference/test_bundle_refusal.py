@@ -9,15 +9,15 @@ from dataclasses import asdict
 
 import pytest
 
-from engine_bundle.integrity import BundleRefusedError
-from serving.control_cli import format_status
+from medgemma_xray.engine_bundle.integrity import BundleRefusedError
+from medgemma_xray.serving.control_cli import format_status
 
 pytestmark = pytest.mark.slow
 REBUILD = "Rebuild it: python optimize_trt_engine.py"
 
 
 def open_bundle(bundle):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     return TRTInference(bundle, executor="onnxruntime-cpu")
 
@@ -118,8 +118,8 @@ def test_a_bundle_from_before_file_hashes_is_refused(bundle):
 
 def reseal(bundle, change) -> None:
     """Edit the manifest and seal it again, as a build (or someone with write access) would: the digest passes."""
-    from engine_bundle.integrity import seal
-    from engine_bundle.manifest import read_manifest, write_manifest
+    from medgemma_xray.engine_bundle.integrity import seal
+    from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
 
     manifest = read_manifest(bundle)
     change(manifest)
@@ -144,8 +144,8 @@ def test_figures_are_checked_against_the_recorded_thresholds_not_only_passed(bun
 
 
 def test_a_bundle_of_another_checkpoint_is_refused_naming_both_models(bundle, random_model_dir, demo_model_dir):
-    from engine_bundle.identity import ModelMismatchError
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.engine_bundle.identity import ModelMismatchError
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     with pytest.raises(ModelMismatchError) as error:
         TRTInference(bundle, executor="onnxruntime-cpu", served_model=random_model_dir)
@@ -160,7 +160,7 @@ def test_a_bundle_of_another_checkpoint_is_refused_naming_both_models(bundle, ra
 def test_plans_never_run_are_refused_on_tensorrt_unless_the_operator_allows_it(bundle):
     """This bundle's TensorRT-RTX plans were built, never run (plans_verified: false): its figures are ONNX
     Runtime's. On the TensorRT executor it is refused before the plans or the GPU are touched."""
-    from trt_inference.trt_model import TRTInference, UnverifiedExecutorError
+    from medgemma_xray.trt_inference.trt_model import TRTInference, UnverifiedExecutorError
 
     with pytest.raises(UnverifiedExecutorError) as error:
         TRTInference(bundle, executor="tensorrt")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
+from medgemma_xray.trt_inference.runtime.onnx_executor import OnnxRuntimeExecutor
 
 
 def os_threads() -> set[str]:
@@ -26,7 +26,7 @@ def test_one_thread_asked_one_thread_given(int8_bundle, monkeypatch):
 
 
 def test_without_the_setting_the_cores_this_process_may_use(monkeypatch):
-    from trt_inference.runtime.onnx_executor import cpu_threads
+    from medgemma_xray.trt_inference.runtime.onnx_executor import cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert cpu_threads() == len(os.sched_getaffinity(0))

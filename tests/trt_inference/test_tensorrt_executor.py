@@ -20,11 +20,11 @@ from devtools.trt_standins.scenarios import (
     two_turn_requests,
 )
 from devtools.trt_standins.tensorrt_runtime import IExecutionContext, tensorrt_module
-from engine_build.comparison import Comparator
-from inference_api.errors import NoFreeSlotError
-from phantoms.films import chest_phantom, png_bytes, quantize
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
+from medgemma_xray.engine_build.comparison import Comparator
+from medgemma_xray.inference_api.errors import NoFreeSlotError
+from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,7 @@ def standins(cuda):
 def open_bundle(bundle, executor, **kwargs):
     """The stand-in plans are the bundle's own ONNX graphs, but no build ran them (plans_verified: false): the
     TensorRT executor opens them only under the operator's override, as on a GPU host."""
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     kwargs.setdefault("allow_unverified_plans", executor == "tensorrt")
     return TRTInference(bundle, executor=executor, **kwargs)
@@ -89,7 +89,7 @@ def test_both_executors_follow_the_written_protocol(standin_bundle, standins, ex
     """TRTInference holds its executor as executor_protocol.Executor (mypy checks both classes where they are
     opened); here real instances of both, each method with the parameters the protocol names. Batched decoding is
     ONNX Runtime's alone, and only there does TRTInference hand the executor every running sequence at once."""
-    from trt_inference.runtime.executor_protocol import BatchDecoder, Executor, ExecutorSequence
+    from medgemma_xray.trt_inference.runtime.executor_protocol import BatchDecoder, Executor, ExecutorSequence
 
     backend = open_bundle(standin_bundle, executor)
     try:
@@ -164,7 +164,7 @@ def test_a_refused_tensor_address_is_an_error_naming_the_tensor(standin_bundle, 
 
     monkeypatch.setattr(IExecutionContext, "set_tensor_address", refuse_logits)
     try:
-        from trt_inference.runtime.tensorrt_executor import EngineExecutionError
+        from medgemma_xray.trt_inference.runtime.tensorrt_executor import EngineExecutionError
 
         sequence = engine.executor.new_sequence(timeout_s=0)
         with pytest.raises(EngineExecutionError, match="refused the address of output logits"):
@@ -187,9 +187,9 @@ def test_a_construction_that_fails_part_way_frees_what_it_allocated(standin_bund
 def test_a_plan_with_other_io_is_refused_at_load(standin_bundle, standins, tmp_path):
     import shutil
 
-    from engine_bundle.integrity import seal
-    from engine_bundle.manifest import read_manifest, write_manifest
-    from trt_inference.runtime.tensorrt_executor import EngineLoadError
+    from medgemma_xray.engine_bundle.integrity import seal
+    from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
+    from medgemma_xray.trt_inference.runtime.tensorrt_executor import EngineLoadError
 
     bundle = tmp_path / "swapped"
     shutil.copytree(standin_bundle, bundle)
@@ -202,7 +202,7 @@ def test_a_plan_with_other_io_is_refused_at_load(standin_bundle, standins, tmp_p
 
 
 def test_auto_logs_why_it_chose_the_cpu(standin_bundle, fp32_bundle, caplog):
-    caplog.set_level(logging.INFO, logger="trt_inference.trt_model")
+    caplog.set_level(logging.INFO, logger="medgemma_xray.trt_inference.trt_model")
     open_bundle(fp32_bundle, "auto").close()
     assert "chose onnxruntime-cpu because no TensorRT plans in this bundle" in caplog.text
     caplog.clear()
@@ -225,7 +225,7 @@ def test_auto_logs_why_it_chose_the_cpu(standin_bundle, fp32_bundle, caplog):
 
 
 def test_unverified_plans_on_tensorrt_are_refused_and_served_marked_with_the_override(standin_bundle, standins):
-    from trt_inference.trt_model import UnverifiedExecutorError
+    from medgemma_xray.trt_inference.trt_model import UnverifiedExecutorError
 
     with pytest.raises(UnverifiedExecutorError, match="plans_verified: False"):
         open_bundle(standin_bundle, "tensorrt", allow_unverified_plans=False)

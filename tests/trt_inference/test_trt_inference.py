@@ -9,14 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from engine_bundle.integrity import seal
-from engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
-from inference_api.contract import ChatTurn, GenerationRequest
-from phantoms.films import png_bytes, quantize
-from pytorch_backend.hf_reference import hf_generate, hf_inputs
+from medgemma_xray.engine_bundle.integrity import seal
+from medgemma_xray.engine_bundle.manifest import ManifestError, check_gpu, read_manifest, write_manifest
+from medgemma_xray.inference_api.contract import ChatTurn, GenerationRequest
+from medgemma_xray.phantoms.films import png_bytes, quantize
+from medgemma_xray.pytorch_backend.hf_reference import hf_generate, hf_inputs
+from medgemma_xray.xray_io import load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image
 from tests.conftest import REPO_ROOT
-from xray_io import load_radiograph
-from xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 FIRST_N = 16
@@ -24,7 +24,7 @@ FIRST_N = 16
 
 @pytest.fixture(scope="module")
 def torch_backend(demo_model_dir):
-    from pytorch_backend.eager import TorchInference
+    from medgemma_xray.pytorch_backend.eager import TorchInference
 
     backend = TorchInference(demo_model_dir, device="cpu")
     yield backend
@@ -34,7 +34,7 @@ def torch_backend(demo_model_dir):
 @pytest.fixture(scope="module")
 def film():
     """A held-out labelled phantom (seed 42; training uses seeds from 1,000,000): what the demo model reads."""
-    from phantoms.labelled import labelled_phantom
+    from medgemma_xray.phantoms.labelled import labelled_phantom
 
     return model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(42).film, 8))))
 
@@ -48,7 +48,7 @@ def token_ids(backend, request):
 
 
 def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(int8_bundle)
     info = bundle.info()
@@ -72,7 +72,7 @@ def test_two_turn_conversation_matches_pytorch(int8_bundle, torch_backend, film)
 
 def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend, film):
     """A conversation longer than the demo's 512-token window: explicit masks must match transformers' own."""
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(fp32_bundle)
     history = (
@@ -88,7 +88,7 @@ def test_fp32_bundle_is_exact_past_the_sliding_window(fp32_bundle, torch_backend
 
 
 def test_torch_free_preprocessing_matches_the_hf_processor(fp32_bundle, torch_backend, film):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(fp32_bundle)
     request = GenerationRequest(
@@ -117,8 +117,8 @@ try:
 except ImportError:
     pass
 from PIL import Image
-from inference_api.contract import ChatTurn, GenerationRequest
-from trt_inference import TRTInference  # the seeds' own integration: lazy, torch-free
+from medgemma_xray.inference_api.contract import ChatTurn, GenerationRequest
+from medgemma_xray.trt_inference import TRTInference  # the seeds' own integration: lazy, torch-free
 backend = TRTInference(engine_path={str(int8_bundle / "engines" / "decoder.plan")!r}, input_shape=(1, 3, 896, 896))
 request = GenerationRequest(Image.open({str(image_path)!r}).convert("RGB"), (ChatTurn("user", "Findings?"),), max_new_tokens=8)
 text = "".join(backend.stream_generate(request))
@@ -137,7 +137,7 @@ print("TORCH LOADED", any(m == "torch" or m.startswith("torch.") for m in sys.mo
 def test_manifest_from_another_tensorrt_version_is_refused(int8_bundle, tmp_path):
     import tensorrt_rtx
 
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = tmp_path / "old"
     shutil.copytree(int8_bundle, bundle)
@@ -172,7 +172,7 @@ def test_engine_for_another_gpu_is_refused():
 
 
 def test_onnx_only_bundle_refuses_the_tensorrt_executor_with_the_fix(fp32_bundle):
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     with pytest.raises(ManifestError, match="--from_onnx"):
         TRTInference(fp32_bundle, executor="tensorrt")
@@ -185,8 +185,8 @@ def _cosine(a, b):
 
 def test_a_follow_up_keeps_the_decoder_slot_and_prefills_only_its_new_tokens(int8_bundle, film):
     """KV reuse across turns on the engine path (ONNX Runtime executor): same tokens, a fraction of the prefill."""
-    from inference_api.types import GenerationStats
-    from trt_inference.trt_model import TRTInference
+    from medgemma_xray.inference_api.types import GenerationStats
+    from medgemma_xray.trt_inference.trt_model import TRTInference
 
     bundle = TRTInference(int8_bundle)
     try:
@@ -204,7 +204,7 @@ def test_a_follow_up_keeps_the_decoder_slot_and_prefills_only_its_new_tokens(int
 
 
 def test_input_shape_other_than_the_bundles_is_refused_naming_its_shape(int8_bundle):
-    from trt_inference import TRTInference
+    from medgemma_xray.trt_inference import TRTInference
 
     with pytest.raises(ManifestError, match=r"takes pixel values of shape \(1\.\.2, 3, 896, 896\)"):
         TRTInference(engine_path=int8_bundle, input_shape=(1, 3, 512, 512))

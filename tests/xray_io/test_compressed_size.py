@@ -15,10 +15,10 @@ import pytest
 
 from devtools.hostile_files import COMPRESSED_SIZE_TRICKS, _save_with_fragments, _small_compressed_film
 from devtools.peak_memory import peak_load_memory
-from phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
+from medgemma_xray.xray_io import CorruptImageError, load_radiograph
+from medgemma_xray.xray_io.errors import ImageTooLargeError
 from tests.conftest import REPO_ROOT
-from xray_io import CorruptImageError, load_radiograph
-from xray_io.errors import ImageTooLargeError
 
 TRICKS = sorted(COMPRESSED_SIZE_TRICKS)
 HONEST = (112, 128)  # the small film's own width and height

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from phantoms.films import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
-from xray_io import CorruptImageError, MissingCodecError, UnsupportedImageError, load_radiograph
+from medgemma_xray.phantoms.films import COMPRESSED_SYNTAXES, TRANSFER_SYNTAXES, chest_phantom, dicom_bytes, quantize
+from medgemma_xray.xray_io import CorruptImageError, MissingCodecError, UnsupportedImageError, load_radiograph
 
 FILM = chest_phantom(320, 288, seed=7)
 LOSSY = {"jpeg-baseline": 12, "jpeg-2000": 24}  # worst 8-bit error allowed for lossy syntaxes
@@ -131,7 +131,7 @@ def test_missing_codec_names_the_package(tmp_path, syntax, package):
         f"decoder = get_decoder(UID({TRANSFER_SYNTAXES[syntax]!r}))\n"
         "for label in list(decoder._available) + list(decoder._unavailable):\n"
         "    decoder.remove_plugin(label)\n"
-        "from xray_io import load_radiograph, MissingCodecError\n"
+        "from medgemma_xray.xray_io import load_radiograph, MissingCodecError\n"
         f"try:\n    load_radiograph({str(path)!r})\nexcept MissingCodecError as e:\n    print('MISSING:', e)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

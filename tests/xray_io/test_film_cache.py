@@ -3,8 +3,8 @@ least recently used first out, a film bigger than the budget never kept."""
 
 import numpy as np
 
-from xray_io.film_cache import FilmCache, content_key
-from xray_io.radiograph import Radiograph
+from medgemma_xray.xray_io.film_cache import FilmCache, content_key
+from medgemma_xray.xray_io.radiograph import Radiograph
 
 
 def film(side: int, value: int) -> Radiograph:

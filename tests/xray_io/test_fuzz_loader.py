@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
-from xray_io import ImageInputError, Radiograph, load_radiograph
-from xray_io.errors import UnexpectedImageError
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+from medgemma_xray.xray_io import ImageInputError, Radiograph, load_radiograph
+from medgemma_xray.xray_io.errors import UnexpectedImageError
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "250"))
 pytestmark = pytest.mark.timeout(max(120, EXAMPLES // 10))  # about 25 ms an example here: a hard stop in CI

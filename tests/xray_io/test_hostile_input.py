@@ -9,8 +9,8 @@ import logging
 import numpy as np
 import pytest
 
-from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
-from xray_io import CorruptImageError, ImageInputError, UnsupportedImageError, load_radiograph
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+from medgemma_xray.xray_io import CorruptImageError, ImageInputError, UnsupportedImageError, load_radiograph
 
 FILM = chest_phantom(240, 200, seed=5)
 

@@ -13,7 +13,7 @@ import pytest
 
 from devtools.hostile_files import dicom_deflated_bomb, dicom_jpeg_with_lying_size, dicom_rle_bomb, png_bomb
 from devtools.peak_memory import peak_load_memory
-from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
 
 ADDRESS_SPACE_LIMIT = 3 << 30
 PEAK_MULTIPLE = 5  # peak extra memory for one film, in units of its stored pixel bytes

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
-from xray_io import CorruptImageError, UnsupportedImageError, load_radiograph
-from xray_io.preprocess import model_input_image, pad_to_square
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
+from medgemma_xray.xray_io import CorruptImageError, UnsupportedImageError, load_radiograph
+from medgemma_xray.xray_io.preprocess import model_input_image, pad_to_square
 
 FILM = chest_phantom(400, 320, seed=3)
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from devtools.hostile_files import phone_mpo, png_ztxt_bomb, progressive_jpeg_scan_bomb
-from xray_io import UnsupportedImageError, load_radiograph
-from xray_io.errors import ImageTooLargeError
+from medgemma_xray.xray_io import UnsupportedImageError, load_radiograph
+from medgemma_xray.xray_io.errors import ImageTooLargeError
 
 
 def pillow_decodes_during(action) -> list[str]:
@@ -50,7 +50,7 @@ def test_a_progressive_jpeg_scan_bomb_is_refused_within_a_second():
 def test_an_ordinary_progressive_jpeg_still_loads():
     from PIL import Image
 
-    from phantoms.films import chest_phantom, quantize
+    from medgemma_xray.phantoms.films import chest_phantom, quantize
 
     pixels = quantize(chest_phantom(512, 448, seed=2), 8)
     buffer = io.BytesIO()
@@ -77,8 +77,8 @@ def test_an_rle_frame_with_too_little_data_is_damage_not_a_missing_package():
     from pydicom.encaps import generate_frames
 
     from devtools.hostile_files import _save_with_fragments
-    from phantoms.films import chest_phantom, dicom_bytes, quantize
-    from xray_io import CorruptImageError
+    from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
+    from medgemma_xray.xray_io import CorruptImageError
 
     data = dicom_bytes(quantize(chest_phantom(128, 112, seed=1), 12), bits_stored=12, transfer_syntax="rle-lossless")
     frame = bytes(next(generate_frames(pydicom.dcmread(io.BytesIO(data)).PixelData, number_of_frames=1)))

@@ -1,0 +1,269 @@
+"""Training batches for the demo model: labelled phantoms through the serving preprocessing, their teaching-round
+conversations tokenised with the processor's own chat template, and labels on the answer tokens only.
+
+Each film is encoded by the vision tower once per step and shared by two conversations about it (every finding
+question, and whole-film questions such as the structured report), so one expensive image pass teaches a dozen
+answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from medgemma_xray.demo_model import teaching
+from medgemma_xray.inference_api.contract import SYSTEM_PROMPT
+from medgemma_xray.phantoms.evaluation import TRAIN_SEED_BASE
+from medgemma_xray.phantoms.findings import PhantomLabels, sample_labels
+from medgemma_xray.phantoms.questions import FINDING_QUESTIONS
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TokenisedConversation:
+    input_ids: list[int]
+    labels: list[int]  # IGNORE_INDEX except on the assistant's answer tokens and their <end_of_turn>
+
+
+@dataclass
+class Batch:
+    """Tensors for one step. pixel_values holds each film once; image_index[i] is sequence i's film."""
+
+    pixel_values: object  # torch.FloatTensor (films, 3, 896, 896)
+    input_ids: object  # torch.LongTensor (sequences, length), right-padded
+    attention_mask: object
+    token_type_ids: object  # 1 on image soft tokens, as the processor returns them
+    labels: object
+    image_index: object
+    answer_tokens: int
+    film_labels: list = field(default_factory=list)  # each film's PhantomLabels (the auxiliary targets)
+
+
+def chat(turns: Sequence[tuple[str, str | None]]) -> list[dict]:
+    """Messages as the serving layer builds them (medgemma_xray.inference_api.contract.chat_messages): system prompt, the film in
+    the first user turn. An answer of None leaves the conversation open at that question."""
+    messages: list[dict] = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]}]
+    for index, (question, answer) in enumerate(turns):
+        content: list[dict] = [{"type": "image"}] if index == 0 else []
+        content.append({"type": "text", "text": question})
+        messages.append({"role": "user", "content": content})
+        if answer is not None:
+            messages.append({"role": "assistant", "content": [{"type": "text", "text": answer}]})
+    return messages
+
+
+class ConversationTokeniser:
+    """The processor's chat template and image-token expansion, without re-processing the film per conversation."""
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+        tokenizer = processor.tokenizer
+        self.tokenizer = tokenizer
+        self.start_of_turn = tokenizer.convert_tokens_to_ids("<start_of_turn>")
+        self.end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        self.image_token_id = tokenizer.convert_tokens_to_ids(tokenizer.image_token)
+        self.model_header = tokenizer("model\n", add_special_tokens=False)["input_ids"]
+
+    def ids(self, turns: Sequence[tuple[str, str | None]], add_generation_prompt: bool = False) -> list[int]:
+        text = self.processor.apply_chat_template(
+            chat(turns), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        # What Gemma3Processor does to the text when it is given the film: one <start_of_image> becomes the
+        # 256 image soft tokens between their markers.
+        text = text.replace(self.processor.boi_token, self.processor.full_image_sequence, 1)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def conversation(self, turns: list[tuple[str, str]]) -> TokenisedConversation:
+        ids = self.ids(turns)
+        labels = [IGNORE_INDEX] * len(ids)
+        header = len(self.model_header)
+        index = 0
+        while index < len(ids):
+            if ids[index] == self.start_of_turn and ids[index + 1 : index + 1 + header] == self.model_header:
+                index += 1 + header
+                while ids[index] != self.end_of_turn:
+                    labels[index] = ids[index]
+                    index += 1
+                labels[index] = ids[index]  # learn to stop
+            index += 1
+        return TokenisedConversation(ids, labels)
+
+
+def film_image(labels_seed: int, rng: np.random.Generator):
+    """The PIL image the server would hand the processor for this phantom, 8-bit as from a PNG, or a 16-bit film
+    min-max stretched as the DICOM path does (half the time)."""
+    from medgemma_xray.phantoms.films import quantize
+    from medgemma_xray.phantoms.labelled import labelled_phantom
+    from medgemma_xray.xray_io import Radiograph
+    from medgemma_xray.xray_io.preprocess import model_input_image
+    from medgemma_xray.xray_io.radiograph import to_display_uint8
+
+    phantom = labelled_phantom(labels_seed)
+    pixels = to_display_uint8(quantize(phantom.film, 16)) if rng.random() < 0.5 else quantize(phantom.film, 8)
+    return model_input_image(Radiograph(pixels, "synthetic phantom")), phantom.labels
+
+
+def film_conversations(labels: PhantomLabels, rng: np.random.Generator) -> list[list[tuple[str, str]]]:
+    """Two conversations about one film: every finding question once (random phrasing and order), and two
+    whole-film questions, the structured report first half the time."""
+    overview = teaching.overview_pairs(labels, rng)
+    report, others = overview[0], overview[1:]
+    chosen = [others[i] for i in rng.choice(len(others), size=2, replace=False)]
+    if rng.random() < 0.5:
+        chosen[0] = report
+    return [teaching.question_answer_pairs(labels, rng), chosen]
+
+
+@dataclass
+class PooledFilm:
+    """One training film as the model sees it, and the conversations it is taught with (one list per variant)."""
+
+    pixels: np.ndarray  # uint8 (896, 896): the processor's output mapped back to 8 bits (grey, so one channel)
+    labels: PhantomLabels
+    variants: list[list[TokenisedConversation]]
+
+
+_WORKER_TOKENISER: ConversationTokeniser | None = None
+
+
+def _init_worker(processor) -> None:
+    global _WORKER_TOKENISER
+    _WORKER_TOKENISER = ConversationTokeniser(processor)
+
+
+def pooled_film(seed: int, variants: int, tokeniser: ConversationTokeniser | None = None) -> PooledFilm:
+    """Draw, preprocess and tokenise one film: a pure function of its seed (so the pool is the same for any
+    number of workers)."""
+    tokeniser = tokeniser or _WORKER_TOKENISER
+    if tokeniser is None:
+        raise RuntimeError(
+            "pooled_film needs a tokeniser: pass one, or call it in a pool worker made with _init_worker."
+        )
+    rng = np.random.default_rng([seed, 7])
+    image, labels = film_image(seed, rng)
+    values = tokeniser.processor.image_processor(images=[image], return_tensors="np")["pixel_values"][0, 0]
+    pixels = np.clip(np.rint((values * 0.5 + 0.5) * 255.0), 0, 255).astype(np.uint8)  # mean 0.5, std 0.5
+    conversations = [
+        [tokeniser.conversation(turns) for turns in film_conversations(labels, rng)] for _ in range(variants)
+    ]
+    return PooledFilm(pixels, labels, conversations)
+
+
+def _pooled_film_task(task: tuple[int, int]) -> PooledFilm:
+    return pooled_film(*task)
+
+
+class TeachingData:
+    """A fixed pool of training films (seeds from TRAIN_SEED_BASE + data_seed * 1e8), drawn and tokenised once, in
+    parallel; an epoch visits every film once in an order drawn from (data_seed, epoch), and epoch e teaches film i
+    with its variant e % variants. Step s of data seed d therefore always gives the same films and conversations,
+    and a GPU spends its time training rather than drawing phantoms."""
+
+    def __init__(
+        self, processor, data_seed: int, films_per_step: int, pool_films: int = 64, variants: int = 4, workers: int = 1
+    ) -> None:
+        self.processor = processor
+        self.tokeniser = ConversationTokeniser(processor)
+        self.data_seed = data_seed
+        self.films_per_step = films_per_step
+        self.variants = variants
+        if pool_films < films_per_step:
+            raise ValueError(f"pool_films ({pool_films}) must be at least films_per_step ({films_per_step})")
+        tasks = [(self.film_seed(index), variants) for index in range(pool_films)]
+        if workers > 1:
+            import multiprocessing
+
+            context = multiprocessing.get_context("fork")  # the workers inherit the processor, nothing to pickle
+            with context.Pool(workers, initializer=_init_worker, initargs=(processor,)) as pool:
+                self.films = pool.map(_pooled_film_task, tasks, chunksize=8)
+        else:
+            self.films = [pooled_film(seed, count, self.tokeniser) for seed, count in tasks]
+        self._pixels: torch.Tensor | None = None
+        self._pixels_device: str | None = None
+
+    def film_seed(self, index: int) -> int:
+        return TRAIN_SEED_BASE + self.data_seed * 100_000_000 + index
+
+    def pixels_on(self, device: str):
+        """The whole pool's films as one uint8 tensor on `device` (896 x 896 bytes a film)."""
+        import torch
+
+        # Keyed by the name asked for: a tensor's own device reads "cuda:0" when "cuda" was asked, and comparing
+        # the two re-sent the whole pool every step (3 s a step on the H200 for 8000 films).
+        if self._pixels is None or self._pixels_device != device:
+            self._pixels = torch.from_numpy(np.stack([film.pixels for film in self.films])).to(device)
+            self._pixels_device = device
+        return self._pixels
+
+    def film_indices(self, step: int) -> tuple[list[int], int]:
+        per_epoch = len(self.films) // self.films_per_step
+        epoch, position = divmod(step, per_epoch)
+        order = np.random.default_rng([self.data_seed, epoch]).permutation(len(self.films))
+        start = position * self.films_per_step
+        return [int(i) for i in order[start : start + self.films_per_step]], epoch
+
+    def batch(self, step: int, device: str = "cpu") -> Batch:
+        import torch
+
+        indices, epoch = self.film_indices(step)
+        sequences, image_index = [], []
+        for slot, index in enumerate(indices):
+            for conversation in self.films[index].variants[epoch % self.variants]:
+                sequences.append(conversation)
+                image_index.append(slot)
+        grey = self.pixels_on(device)[torch.tensor(indices, device=device)].float() / 255.0
+        pixel_values = ((grey - 0.5) / 0.5).unsqueeze(1).expand(-1, 3, -1, -1)
+        batch = collate(self.processor, pixel_values, sequences, image_index, self.tokeniser.image_token_id)
+        batch.film_labels = [self.films[index].labels for index in indices]
+        return batch
+
+
+def collate(processor, images, sequences: list[TokenisedConversation], image_index: list[int], image_token_id: int):
+    import torch
+
+    pad_id = processor.tokenizer.pad_token_id
+    length = max(len(s.input_ids) for s in sequences)
+    input_ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    labels = torch.full((len(sequences), length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        input_ids[row, : len(sequence.input_ids)] = torch.tensor(sequence.input_ids)
+        labels[row, : len(sequence.labels)] = torch.tensor(sequence.labels)
+        attention_mask[row, : len(sequence.input_ids)] = 1
+    pixel_values = (
+        images
+        if hasattr(images, "shape")
+        else processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+    )
+    return Batch(
+        pixel_values=pixel_values,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_type_ids=(input_ids == image_token_id).long(),
+        labels=labels,
+        image_index=torch.tensor(image_index, dtype=torch.long),
+        answer_tokens=int((labels != IGNORE_INDEX).sum()),
+    )
+
+
+def tokenizer_corpus(count: int = 1500) -> list[str]:
+    """Every kind of text the model reads or writes, from `count` sampled label sets (the BPE's training text)."""
+    from medgemma_xray.assistant.report_schema import REPORT_PROMPT
+    from medgemma_xray.demo_model.corpus import RADIOLOGY_CORPUS
+
+    lines = [SYSTEM_PROMPT, REPORT_PROMPT, *RADIOLOGY_CORPUS.splitlines()]
+    for questions in FINDING_QUESTIONS.values():
+        lines.extend(questions)
+    rng = np.random.default_rng(0)
+    for seed in range(count):
+        labels = sample_labels(TRAIN_SEED_BASE + seed)
+        for question, answer in teaching.question_answer_pairs(labels, rng) + teaching.overview_pairs(labels, rng):
+            lines.extend([question, *answer.splitlines()])
+    return lines

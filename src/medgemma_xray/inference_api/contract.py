@@ -1,0 +1,768 @@
+"""The token-level contract every backend implements, and the generation loop it owns once for all of them.
+
+A backend implements the minimum (Polygraphy's runner shape: the public methods validate and keep the books, the
+`_*_impl` methods do the work):
+- encode a request into prompt token ids (its own tokenizer and chat template);
+- allocate, truncate and free a conversation's KV state;
+- prefill prompt tokens into that state, and decode one token for each of several sequences at once, returning
+  token ids and their log-probabilities;
+- image features; info; warm-up; close.
+
+This class owns the rest: stop tokens, the token limit, detokenisation, stats, cancellation, the cache of
+resident conversations (a follow-up question prefills only its new tokens), and the caches shared across users
+(inference_api/shared_caches.py): the vision tower's output keyed by the film's content hash, and, where the
+backend lends a block pool, the KV of common prompt prefixes, copied into a new conversation at admission. A
+scheduler drives many generations through start / prefill_batch / step / finish; `stream_generate` is the same
+loop for one caller.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
+from medgemma_xray.inference_api.decoding import IncrementalDecoder
+from medgemma_xray.inference_api.errors import (
+    BackendClosedError,
+    ConversationTooLongError,
+    NoFreeSlotError,
+    RequestError,
+)
+from medgemma_xray.inference_api.shared_caches import (
+    TEXT_ONLY_ROOT,
+    ImageFeatureCache,
+    PrefixBlockCache,
+    image_content_hash,
+)
+from medgemma_xray.inference_api.types import (  # noqa: F401  (re-exported: the contract's vocabulary in one import)
+    DEFAULT_MAX_NEW_TOKENS,
+    MAX_MAX_NEW_TOKENS,
+    SYSTEM_PROMPT,
+    BackendInfo,
+    ChatTurn,
+    GenerationRequest,
+    GenerationStats,
+    Mode,
+    TokenStep,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_IMAGE_CACHE_GIB = 0.5  # about 380 films of MedGemma-4B features (256 x 2560 bf16)
+
+
+@dataclass
+class Prompt:
+    """A request encoded by its backend: token ids, plus the film for the image tokens among them."""
+
+    ids: list[int]
+    image: Any
+    image_key: str | None  # the film's content hash once start() has seen it (a caller's key is only a hint)
+    features: Any = None  # the backend's image embedding, computed once (see prepare_images)
+    extras: dict[str, Any] = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
+
+
+@dataclass
+class LastTurn:
+    """What a resident conversation's last answer was, so its follow-up can continue from the generated ids.
+
+    A previous answer's text re-tokenises to other ids than the model generated (a different split, the template
+    trimming its spaces), so a follow-up encoded from text alone matches the resident KV only up to that answer.
+    `skeleton` is the last prompt encoded with every assistant turn's text left empty: the next request's skeleton
+    must start with it (same system prompt and questions), and what follows it is the new question's tokens."""
+
+    skeleton: list[int]
+    prompt_ids: list[int]  # the last prompt exactly as fed (earlier answers already as their generated ids)
+    answers: tuple[str, ...]  # the assistant texts that prompt was given
+    answer_ids: list[int]  # the ids generated for the last answer (stop token excluded)
+    answer_text: str | None = None  # their decoding, computed at the first follow-up
+
+
+class Conversation:
+    """KV state of one conversation on a backend: exactly the tokens in `ids` have been fed to the model."""
+
+    def __init__(self, conversation_id: str | None, image_key: str | None, kv: Any) -> None:
+        self.conversation_id = conversation_id
+        self.image_key = image_key
+        self.kv = kv
+        self.ids: list[int] = []
+        self.in_use = False
+        self.forgotten = False  # "new case" while an answer was running: free it when that answer ends
+        self.last_turn: LastTurn | None = None
+
+
+class Generation:
+    """One answer in progress. After each prefill/step call: `new_text`, `last_step` and `done` say what happened."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prompt: Prompt,
+        conversation: Conversation,
+        stats: GenerationStats,
+        skeleton: list[int] | None = None,
+    ) -> None:
+        self.request = request
+        self.prompt = prompt
+        self.conversation = conversation
+        self.stats: GenerationStats = stats
+        self.skeleton = skeleton  # the prompt with assistant texts left empty (see LastTurn); None: no conversation
+        self.answer_ids: list[int] = []  # generated ids, stop token excluded (what the next turn may continue from)
+        self.prefilled = len(conversation.ids)  # prompt tokens whose KV is in place
+        self.pending: int | None = None  # sampled but not fed yet
+        self.last_step: TokenStep | None = None
+        self.new_text = ""
+        self.done = False
+        self.started = time.perf_counter()
+        self.decoder: IncrementalDecoder | None = None
+        # Set by a scheduler that detokenises on another thread: _accept then only queues token ids in `unsent`.
+        self.defer_text = False
+        self.unsent: list[int] = []
+        self.flush_text = False  # the answer ended: the detokeniser flushes after `unsent`
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.pending is not None or self.done
+
+    def text_decoder(self) -> IncrementalDecoder:
+        """The detokeniser InferenceBackend.start attached; a Generation made any other way has none."""
+        if self.decoder is None:
+            raise RuntimeError("This generation has no detokeniser: make generations with InferenceBackend.start().")
+        return self.decoder
+
+
+class InferenceBackend(abc.ABC):
+    """A loaded model that answers questions about a film through the token-level contract.
+
+    The public generation methods serialise on one lock, so direct callers may share a backend between threads;
+    the serving layer drives each backend from one scheduler thread.
+    """
+
+    #: How many generations one `step` call may decode together (a static-cache backend's slots).
+    max_batch: int = 1
+    #: Longest prefill chunk; None: the whole prompt at once. Chunks never split an image's tokens.
+    prefill_chunk_tokens: int | None = None
+    #: True where a prefill may start inside an image whose first tokens' KV is in place (their KV already saw the
+    #: whole image, and the chunk's image tokens attend to all of it): a cached prefix then need not stop at the
+    #: image's start. The eager reference reads pixels inside its forward, so it cannot.
+    resumes_inside_images: bool = False
+
+    def __init__(
+        self,
+        max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
+        image_cache_gib: float = DEFAULT_IMAGE_CACHE_GIB,
+    ) -> None:
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._resident: OrderedDict[str, Conversation] = OrderedDict()
+        self.max_resident_conversations = max(0, int(max_resident_conversations))
+        # False while a backend stands by after a hot switch: it keeps no conversation's KV memory.
+        self.keep_conversations = True
+        self.stop_token_ids: frozenset[int] = frozenset()
+        self.image_token_id: int | None = None
+        self.max_sequence: int | None = None  # longest conversation plus answer, where the backend has a limit
+        self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), _nbytes)
+        # A backend with a KV block pool replaces this (and implements _load_prefix_impl / _save_prefix_impl).
+        self.prefix_cache = PrefixBlockCache(0, 16)
+
+    # --- one caller: the whole loop --------------------------------------------------------------------------
+    def stream_generate(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Iterator[str]:
+        """Yield the answer as text fragments, in order; their concatenation is the whole answer.
+
+        Closing the iterator early cancels the answer. `stats`, if given, is filled in as tokens arrive.
+        """
+        generation = self.start(request, stats)
+        try:
+            self.prepare_images([generation])
+            while not self.prefill(generation):
+                pass
+            while True:
+                if generation.new_text:
+                    yield generation.new_text
+                if generation.done:
+                    return
+                self.step([generation])
+        finally:
+            self.finish(generation, cancelled=not generation.done)
+
+    def generate(self, request: GenerationRequest, stats: GenerationStats | None = None) -> str:
+        return "".join(self.stream_generate(request, stats))
+
+    def generate_steps(self, request: GenerationRequest) -> list[TokenStep]:
+        """The generated tokens with their log-probabilities (stop token excluded): what verification compares."""
+        stats = GenerationStats()
+        for _ in self.stream_generate(request, stats):
+            pass
+        return [TokenStep(t, p) for t, p in zip(stats.token_ids, stats.token_logprobs, strict=True)]
+
+    def next_token_logits(self, request: GenerationRequest) -> np.ndarray:
+        """float32 logits (numpy, vocab-sized) of the first answer token: what a precision check compares as a
+        whole distribution (KL), beyond the greedy token."""
+        self.check_health()
+        request.validate()
+        with self._lock:
+            prompt = self._encode_impl(request)
+            kv = self._allocate()
+            try:
+                if self.image_token_id is not None and self.image_token_id in prompt.ids:
+                    self._prepare_images_impl([prompt])
+                return self._prompt_logits_impl(kv, prompt)
+            finally:
+                self._free_impl(kv)
+
+    # --- many callers: what a scheduler drives ---------------------------------------------------------------------
+    def start(
+        self, request: GenerationRequest, stats: GenerationStats | None = None, image_hash: str | None = None
+    ) -> Generation:
+        """Encode the request and place it on a conversation: a resident one when it can be reused, else a fresh one
+        into which the longest cached prefix of the same film is copied. image_hash: the film's content hash when
+        the caller computed it already (off the loop thread)."""
+        self.check_health()
+        request.validate()
+        stats = stats if stats is not None else GenerationStats()
+        with self._lock:
+            image_key = None
+            if request.image is not None:
+                image_key = image_hash or image_content_hash(request.image)
+            prompt, skeleton = self._encode_turns(request, image_key)
+            if not prompt.ids:
+                raise RequestError("the prompt encoded to no tokens")
+            stats.prompt_tokens = len(prompt.ids)
+            if self.max_sequence is not None and len(prompt.ids) + request.max_new_tokens > self.max_sequence:
+                raise ConversationTooLongError(
+                    f"the conversation ({len(prompt.ids)} tokens) plus the answer ({request.max_new_tokens}) exceeds "
+                    f"this model's maximum of {self.max_sequence} tokens; start a new case to continue"
+                )
+            prompt.image_key = image_key if prompt.image is not None else None
+            conversation = self._conversation_for(request.conversation_id, prompt)
+            reused = len(conversation.ids)
+            if not reused:
+                self._copy_cached_prefix(conversation, prompt)
+            generation = Generation(request, prompt, conversation, stats, skeleton)
+            stats.reused_tokens = reused
+            stats.prefix_cached_tokens = generation.prefilled - reused
+            generation.decoder = IncrementalDecoder(self._detokenize_impl)
+            return generation
+
+    def prepare_images(self, generations: Sequence[Generation]) -> None:
+        """Encode the films of the generations that still need them, as one vision batch."""
+        with self._lock:
+            waiting = [g for g in generations if g.prompt.features is None and self._needs_image(g)]
+            if waiting:
+                self._prepare_images([g.prompt for g in waiting], [g.request.image_key for g in waiting])
+
+    def _prepare_images(self, prompts: list[Prompt], hints: list[str | None]) -> None:
+        """Features from the image cache where it holds the film; the rest through the vision tower, each distinct
+        film once, as one batch."""
+        misses: dict[str, list[Prompt]] = {}
+        uncached: list[Prompt] = []
+        for prompt, hint in zip(prompts, hints, strict=True):
+            key = prompt.image_key
+            cached = self.image_cache.get(key, hint) if key is not None else None
+            if cached is not None:
+                prompt.features = cached
+            elif key is None:
+                uncached.append(prompt)
+            else:
+                misses.setdefault(key, []).append(prompt)
+        if not misses and not uncached:
+            return
+        first = [group[0] for group in misses.values()]
+        self._prepare_images_impl(first + uncached)
+        self.image_cache.encoder_calls += len(first) + len(uncached)
+        for key, group in misses.items():
+            features = group[0].features
+            if features is None:  # a backend that reads the pixels inside its prefill (the eager reference)
+                continue
+            self.image_cache.put(key, features)
+            for prompt in group[1:]:
+                prompt.features = features
+
+    def prefill(self, generation: Generation, budget_tokens: int | None = None) -> bool:
+        """Feed the next chunk of the prompt (at most budget_tokens). True once the first answer token is sampled."""
+        self.check_health()
+        if generation.prefill_done:
+            return True
+        return self.prefill_batch([generation], budget_tokens)[0]
+
+    def prefill_batch(self, generations: Sequence[Generation], budget_tokens: int | None = None) -> list[bool]:
+        """Feed the next chunk of each generation's prompt in one model call where the backend can (packed), with
+        at most budget_tokens prompt tokens in all, first come first served. Each generation gets a chunk while
+        budget is left; chunks never split an image. Returns, per generation, whether its first answer token is
+        now sampled."""
+        self.check_health()
+        with self._lock:
+            chunks, left = [], budget_tokens
+            for generation in generations:
+                if generation.prefill_done or (left is not None and left <= 0):
+                    continue
+                if self._needs_image(generation) and generation.prompt.features is None:
+                    self._prepare_images([generation.prompt], [generation.request.image_key])
+                start = generation.prefilled
+                end = self._chunk_end(generation.prompt, start, left)
+                chunks.append((generation, start, end))
+                if left is not None:
+                    left -= end - start
+            if chunks:
+                items = [
+                    (g.conversation.kv, g.prompt, start, end, end == len(g.prompt.ids)) for g, start, end in chunks
+                ]
+                steps = self._prefill_batch_impl(items)
+                for (generation, start, end), step in zip(chunks, steps, strict=True):
+                    generation.conversation.ids.extend(generation.prompt.ids[start:end])
+                    generation.prefilled = end
+                    if end == len(generation.prompt.ids):
+                        self._save_prefix(generation.conversation, generation.prompt)
+                        if step is None:
+                            raise RuntimeError(
+                                f"{type(self).__name__}._prefill_batch_impl returned no token for a prompt's last "
+                                "chunk (want_token was True); the backend breaks the contract."
+                            )
+                        self._accept(generation, step)
+            return [g.prefill_done for g in generations]
+
+    def step(self, generations: Sequence[Generation]) -> None:
+        """Decode one token for each generation (one batched call where the backend can)."""
+        self.check_health()
+        active = [g for g in generations if not g.done and g.pending is not None]
+        if not active:
+            return
+        with self._lock:
+            for index in range(0, len(active), max(1, self.max_batch)):
+                chunk = active[index : index + self.max_batch]
+                kvs = [g.conversation.kv for g in chunk]
+                tokens = [g.pending for g in chunk if g.pending is not None]  # all of them: `active` has no None
+                positions = [len(g.conversation.ids) for g in chunk]
+                steps = self._decode_impl(kvs, tokens, positions)
+                for generation, token, step in zip(chunk, tokens, steps, strict=True):
+                    generation.conversation.ids.append(token)
+                    self._accept(generation, step)
+
+    def run_together(self, generations: Sequence[Generation]) -> None:
+        """Prefill each generation to its first token, one after another, then decode them as one batch until
+        every one is done (rows leave the batch as they finish). The caller finishes them. What the scheduler does
+        when nothing else arrives: the tests and benchmarks that compare a batch with each request alone use it."""
+        self.prepare_images(generations)  # every film in one vision batch
+        for generation in generations:
+            while not self.prefill(generation):
+                pass
+        while not all(g.done for g in generations):
+            self.step(generations)
+
+    def finish(self, generation: Generation, cancelled: bool = False) -> None:
+        """End a generation: keep its conversation resident for the next turn, or free it. Idempotent."""
+        conversation = generation.conversation
+        if not generation.done:
+            generation.done = True
+            generation.stats.finish_reason = "cancelled" if cancelled else generation.stats.finish_reason
+        if generation.stats.total_s is None:
+            generation.stats.total_s = time.perf_counter() - generation.started
+        with self._lock:
+            if not conversation.in_use:
+                return
+            conversation.in_use = False
+            conversation_id = conversation.conversation_id
+            keep = (
+                conversation_id is not None
+                and not conversation.forgotten
+                and self.max_resident_conversations > 0
+                and self.keep_conversations
+                and not self._closed
+            )
+            if keep and conversation_id is not None:  # (keep implies it; mypy does not follow `keep`)
+                # Two answers under one id run on two conversations (the second found no resident one): the one that
+                # ends last stays resident, and the other's KV is freed here, not leaked.
+                replaced = self._resident.pop(conversation_id, None)
+                if replaced is not None and replaced is not conversation:
+                    self._free(replaced)
+                if generation.skeleton is not None:
+                    conversation.last_turn = LastTurn(
+                        generation.skeleton,
+                        generation.prompt.ids,
+                        tuple(turn.text for turn in generation.request.turns[1::2]),
+                        generation.answer_ids,
+                    )
+                self._resident[conversation_id] = conversation
+                self._evict_until(self.max_resident_conversations)
+            else:
+                self._free(conversation)
+
+    def forget(self, conversation_id: str) -> None:
+        """Free a conversation's KV state ("new case", a closed session). A running answer frees it when it ends."""
+        with self._lock:
+            conversation = self._resident.pop(conversation_id, None)
+            if conversation is not None:
+                self._free(conversation)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            while self._resident:
+                self._free(self._resident.popitem(last=False)[1])
+
+    @property
+    def resident_conversations(self) -> list[str]:
+        with self._lock:
+            return list(self._resident)
+
+    # --- the rest of the contract ----------------------------------------------------------------------------------
+    def image_features(self, images: Sequence[Any]) -> np.ndarray:
+        """Projected image embeddings, float32 numpy of shape (len(images), 256, text hidden size)."""
+        self.check_health()
+        if not images:
+            raise RequestError("image_features needs at least one image")
+        with self._lock:
+            if self.image_cache.capacity_bytes <= 0:
+                return self._image_features_impl(list(images))
+            # Through the image cache, so a folder's features serve its reports (and the reverse) without running
+            # the vision tower twice per film.
+            prompts = [Prompt([], image, image_content_hash(image)) for image in images]
+            self._prepare_images(prompts, [None] * len(prompts))
+            if any(prompt.features is None for prompt in prompts):  # a backend that encodes inside its prefill
+                return self._image_features_impl(list(images))
+            return _stack_float32([prompt.features for prompt in prompts])
+
+    def info(self) -> BackendInfo:
+        return self._info_impl()
+
+    def warm_up(self) -> float:
+        """Run a short request so the first user does not pay for lazy initialisation. Returns seconds taken."""
+        self.check_health()
+        started = time.perf_counter()
+        self._warm_up_impl()
+        elapsed = time.perf_counter() - started
+        logger.info("%s backend warmed up in %.2f s", self.info().mode_label, elapsed)
+        return elapsed
+
+    def check_health(self) -> None:
+        if self._closed:
+            raise BackendClosedError(f"{type(self).__name__} is closed")
+
+    def close(self) -> None:
+        """Release the model and every conversation's state. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        with self._lock:
+            self.forget_all()
+            self.image_cache.clear()
+            self.prefix_cache.clear()
+            self._close_impl()
+        logger.info("%s backend closed", type(self).__name__)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # A backend is a context manager, as Polygraphy's runners are: `with create_backend(...) as backend:` closes it
+    # on every way out, so callers need no try/finally around close().
+    def __enter__(self) -> InferenceBackend:
+        self.check_health()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- bookkeeping ---------------------------------------------------------------------------------------------
+    def _accept(self, generation: Generation, step: TokenStep) -> None:
+        stats = generation.stats
+        generation.last_step, generation.new_text, generation.pending = step, "", None
+        deferred = generation.defer_text
+        if step.token_id in self.stop_token_ids:
+            generation.done, stats.finish_reason = True, "stop"
+            if deferred:
+                generation.flush_text = True
+            else:
+                generation.new_text = generation.text_decoder().flush()
+            return
+        if stats.first_token_s is None:
+            stats.first_token_s = time.perf_counter() - generation.started
+        generation.answer_ids.append(step.token_id)
+        stats.new_tokens += 1
+        stats.token_ids.append(step.token_id)
+        stats.token_logprobs.append(step.logprob)
+        stats.token_times.append(time.perf_counter())
+        if deferred:
+            generation.unsent.append(step.token_id)
+        else:
+            text = generation.text_decoder().push(step.token_id)
+            stats.token_texts.append(text)
+            generation.new_text = text
+        if stats.new_tokens >= generation.request.max_new_tokens:
+            generation.done, stats.finish_reason = True, "length"
+            if deferred:
+                generation.flush_text = True
+            else:
+                generation.new_text += generation.text_decoder().flush()
+        else:
+            generation.pending = step.token_id
+
+    @staticmethod
+    def take_unsent(generation: Generation) -> tuple[list[int], bool]:
+        """On the thread that steps: the token ids _accept queued for a deferred generation, and whether the
+        answer ended (the detokeniser must flush after them)."""
+        ids, generation.unsent = generation.unsent, []
+        flush, generation.flush_text = generation.flush_text, False
+        return ids, flush
+
+    @staticmethod
+    def detokenize(generation: Generation, ids: list[int], flush: bool) -> str:
+        """On one other thread, in order: the text those ids add (stats.token_texts too, as inline)."""
+        text = ""
+        for token in ids:
+            piece = generation.text_decoder().push(token)
+            generation.stats.token_texts.append(piece)
+            text += piece
+        return text + (generation.text_decoder().flush() if flush else "")
+
+    def _encode_turns(self, request: GenerationRequest, image_key: str | None) -> tuple[Prompt, list[int] | None]:
+        """The prompt to feed, and its skeleton (see LastTurn) when the request names a conversation.
+
+        A follow-up to a resident conversation continues from the exact ids of its previous turns (whose KV is
+        resident) instead of their re-tokenised text, when the request's history is the one that conversation
+        answered: same film, same earlier turns, and the previous answer's text equal to the decoding of the ids
+        generated for it. The prompt is then what a fresh conversation given that token history would be fed.
+        Anything else (an edited history, another film, an evicted conversation) encodes the text as it is."""
+        if request.conversation_id is None:
+            return self._encode_impl(request), None
+        if len(request.turns) < 2:  # a first question: no answer to leave out
+            prompt = self._encode_impl(request)
+            return prompt, list(prompt.ids)
+        blank = tuple(ChatTurn(turn.role, "" if turn.role == "assistant" else turn.text) for turn in request.turns)
+        prompt = self._encode_impl(replace(request, turns=blank))
+        skeleton = list(prompt.ids)
+        resident = self._resident.get(request.conversation_id)
+        spliced = self._continue_turn(resident, request, image_key, skeleton) if resident is not None else None
+        if spliced is None:
+            return self._encode_impl(request), skeleton
+        prompt.ids = spliced
+        return prompt, skeleton
+
+    def _continue_turn(
+        self, resident: Conversation, request: GenerationRequest, image_key: str | None, skeleton: list[int]
+    ) -> list[int] | None:
+        """The follow-up's ids built on the resident conversation's last turn, or None where that would be wrong."""
+        last = resident.last_turn
+        if last is None or resident.image_key != image_key:
+            return None
+        answers = tuple(turn.text for turn in request.turns[1::2])
+        if answers[:-1] != last.answers:
+            return None
+        if last.answer_text is None:
+            last.answer_text = self._detokenize_impl(last.answer_ids)
+        if answers[-1] != last.answer_text:  # not the answer this conversation gave (cleared, rewritten)
+            return None
+        done = len(last.skeleton)
+        if len(skeleton) <= done or skeleton[:done] != last.skeleton:
+            return None
+        return [*last.prompt_ids, *last.answer_ids, *skeleton[done:]]
+
+    def _conversation_for(self, conversation_id: str | None, prompt: Prompt) -> Conversation:
+        resident = self._resident.pop(conversation_id, None) if conversation_id is not None else None
+        if resident is not None:
+            reuse = self._reusable_prefix(resident, prompt)
+            if reuse > 0 and (reuse == len(resident.ids) or self._truncate_impl(resident.kv, reuse)):
+                del resident.ids[reuse:]
+                resident.in_use = True
+                return resident
+            self._free(resident)
+        conversation = Conversation(conversation_id, prompt.image_key, self._allocate())
+        conversation.in_use = True
+        return conversation
+
+    def _reusable_prefix(self, conversation: Conversation, prompt: Prompt) -> int:
+        """Tokens of the cached conversation the new prompt starts with; never all of them (logits are needed)."""
+        if conversation.image_key != prompt.image_key:
+            return 0
+        limit = min(len(conversation.ids), len(prompt.ids) - 1)
+        common = 0
+        while common < limit and conversation.ids[common] == prompt.ids[common]:
+            common += 1
+        # An image's tokens attend to each other both ways: never resume inside an image, go back to its start.
+        image = self.image_token_id
+        if image is not None and common < len(prompt.ids) and prompt.ids[common] == image:
+            while common > 0 and prompt.ids[common - 1] == image:
+                common -= 1
+        return common
+
+    def _prefix_root(self, prompt: Prompt) -> str | None:
+        """The chain root of a prompt's prefix blocks: the film's content hash (no film: a fixed text-only root).
+        None when the prompt has image tokens but no known film, which then never shares."""
+        has_image = self.image_token_id is not None and self.image_token_id in prompt.ids
+        if not has_image:
+            return TEXT_ONLY_ROOT
+        return f"image:{prompt.image_key}" if prompt.image_key else None
+
+    def _copy_cached_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
+        """Copy-on-admit: the longest cached run of this film's leading prompt blocks into the new conversation."""
+        root = self._prefix_root(prompt)
+        if root is None or not self.prefix_cache.enabled:
+            return
+        pool_ids = self.prefix_cache.lookup(root, prompt.ids, len(prompt.ids) - 1)  # the last token is prefilled
+        length = len(pool_ids) * self.prefix_cache.block_tokens
+        image = self.image_token_id
+        if not self.resumes_inside_images and image is not None and 0 < length < len(prompt.ids):
+            # Never resume inside an image (the same rule as a resident conversation's reuse).
+            while length > 0 and prompt.ids[length] == image and prompt.ids[length - 1] == image:
+                length -= 1
+        if length <= 0:
+            return
+        blocks = -(-length // self.prefix_cache.block_tokens)
+        self._load_prefix_impl(conversation.kv, pool_ids[:blocks], length)
+        conversation.ids = list(prompt.ids[:length])
+
+    def _save_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
+        """After a whole prompt is prefilled: its full blocks not cached yet go into the block pool."""
+        root = self._prefix_root(prompt)
+        if root is None or not self.prefix_cache.enabled:
+            return
+        # Blocks already cached need no copy: reserve() skips them and refreshes their place in the LRU order.
+        wanted = self.prefix_cache.reserve(root, conversation.ids[: len(prompt.ids)], 0)
+        if wanted:
+            self._save_prefix_impl(conversation.kv, wanted)
+
+    def _allocate(self) -> Any:
+        while True:
+            try:
+                return self._allocate_impl()
+            except NoFreeSlotError:
+                if not self._resident:
+                    raise
+                self._free(self._resident.popitem(last=False)[1])  # the least recently used idle conversation
+
+    def _evict_until(self, limit: int) -> None:
+        while len(self._resident) > limit:
+            self._free(self._resident.popitem(last=False)[1])
+
+    def _free(self, conversation: Conversation) -> None:
+        if conversation.kv is not None:
+            kv, conversation.kv = conversation.kv, None
+            self._free_impl(kv)
+
+    def _needs_image(self, generation: Generation) -> bool:
+        prompt = generation.prompt
+        return self.image_token_id is not None and self.image_token_id in prompt.ids[generation.prefilled :]
+
+    def _chunk_end(self, prompt: Prompt, start: int, budget: int | None) -> int:
+        limits = [limit for limit in (budget, self.prefill_chunk_tokens) if limit]
+        total = len(prompt.ids)
+        if not limits or total - start <= min(limits):
+            return total
+        end = start + min(limits)
+        image = self.image_token_id
+        if image is not None and prompt.ids[end - 1] == image and prompt.ids[end] == image:
+            # The cut falls inside an image: move it before the image if the chunk holds something else, else past it.
+            run_start = end - 1
+            while run_start > start and prompt.ids[run_start - 1] == image:
+                run_start -= 1
+            if run_start > start:
+                return run_start
+            while end < total and prompt.ids[end] == image:
+                end += 1
+        return end
+
+    # --- what each backend implements ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _encode_impl(self, request: GenerationRequest) -> Prompt:
+        """Token ids of the whole prompt, rendered with the model's chat template."""
+
+    @abc.abstractmethod
+    def _allocate_impl(self) -> Any:
+        """A fresh, empty KV state for one conversation. Raise NoFreeSlotError when none is free."""
+
+    @abc.abstractmethod
+    def _prefill_impl(self, kv: Any, prompt: Prompt, start: int, end: int, want_token: bool) -> TokenStep | None:
+        """Feed prompt.ids[start:end] at positions start..end-1; return the greedy next token if want_token."""
+
+    @abc.abstractmethod
+    def _decode_impl(self, kvs: list[Any], tokens: list[int], positions: list[int]) -> list[TokenStep]:
+        """Feed tokens[i] at positions[i] into kvs[i]; return each sequence's greedy next token."""
+
+    @abc.abstractmethod
+    def _prompt_logits_impl(self, kv: Any, prompt: Prompt) -> np.ndarray:
+        """Prefill the whole prompt into an empty kv; return the next token's float32 logits as a numpy array."""
+
+    def _prefill_batch_impl(self, items: list[tuple[Any, Prompt, int, int, bool]]) -> list[TokenStep | None]:
+        """Several (kv, prompt, start, end, want_token) chunks; a backend that can packs them into one forward."""
+        return [self._prefill_impl(kv, prompt, start, end, want) for kv, prompt, start, end, want in items]
+
+    def _load_prefix_impl(self, kv: Any, pool_ids: list[int], length: int) -> None:
+        """Copy pool blocks pool_ids (in order) into kv's positions 0..length-1 (a backend with a block pool)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} set a prefix block pool but does not implement _load_prefix_impl; a backend "
+            "without a pool keeps the contract's empty PrefixBlockCache, which never calls this"
+        )
+
+    def _save_prefix_impl(self, kv: Any, blocks: list[tuple[int, int]]) -> None:
+        """Copy kv's prompt block `index` (positions index*B..(index+1)*B-1) into pool block `pool_id`, per pair."""
+        raise NotImplementedError(
+            f"{type(self).__name__} set a prefix block pool but does not implement _save_prefix_impl; a backend "
+            "without a pool keeps the contract's empty PrefixBlockCache, which never calls this"
+        )
+
+    def cache_stats(self) -> dict[str, Any]:
+        """Counters for the shared caches and the KV slots, read by metrics and the benchmark (any thread)."""
+        return {
+            "mm_cache": self.image_cache.stats(),
+            "prefix_cache": self.prefix_cache.stats(),
+            "kv_cache_usage": self._kv_usage(),
+        }
+
+    def _kv_usage(self) -> float | None:
+        """Fraction of the backend's KV capacity in use (0..1); None where it has no fixed capacity."""
+        return None
+
+    def _truncate_impl(self, kv: Any, length: int) -> bool:
+        """Keep only the first `length` positions. False where the backend cannot (the contract then re-prefills)."""
+        return False
+
+    @abc.abstractmethod
+    def _free_impl(self, kv: Any) -> None: ...
+
+    def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
+        """Compute prompt.features for each prompt, ideally as one batch. A backend that encodes the film inside
+        its prefill may leave this as it is."""
+        return None
+
+    @abc.abstractmethod
+    def _detokenize_impl(self, ids: list[int]) -> str: ...
+
+    @abc.abstractmethod
+    def _image_features_impl(self, images: list[Any]) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def _info_impl(self) -> BackendInfo: ...
+
+    def _warm_up_impl(self) -> None:
+        from PIL import Image
+
+        request = GenerationRequest(Image.new("RGB", (896, 896)), (ChatTurn("user", "Warm-up."),), max_new_tokens=2)
+        for _ in self.stream_generate(request):
+            pass
+
+    @abc.abstractmethod
+    def _close_impl(self) -> None: ...
+
+
+def _stack_float32(rows: list[Any]) -> np.ndarray:
+    """(n, tokens, hidden) float32 numpy from per-film feature rows (torch tensors on any device, or numpy)."""
+    import numpy as np
+
+    arrays = [row.float().cpu().numpy() if hasattr(row, "cpu") else np.asarray(row, dtype=np.float32) for row in rows]
+    return np.stack(arrays).astype(np.float32)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes held by a feature array: a torch tensor or a numpy array."""
+    return int(getattr(value, "nbytes", 0) or value.numel() * value.element_size())

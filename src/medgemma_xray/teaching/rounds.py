@@ -1,0 +1,118 @@
+"""One browser session of a teaching round: the case on screen (its film, view, key and conversation) and the
+record of every case so far. Immutable values: each UI handler returns a new session (Gradio keeps it per tab).
+
+No file name enters a session: a library case is named by its title, an upload "Uploaded film N". The names of
+uploaded files and the films' DICOM identifiers are kept only in `forbidden`, for scrubbing the exports.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from medgemma_xray.phantoms.findings import PhantomLabels
+from medgemma_xray.teaching.library import LibraryCase, shuffled
+from medgemma_xray.teaching.session_export import CaseRecord
+from medgemma_xray.teaching.viewer import DisplayFilm, ViewState
+from medgemma_xray.xray_io import Radiograph
+
+
+@dataclass(frozen=True)
+class Round:
+    """The case on screen."""
+
+    title: str
+    history: str
+    film: Radiograph
+    display: DisplayFilm
+    model_image: object  # the PIL image the model reads
+    view: ViewState
+    key: PhantomLabels | None = None
+    teaching_points: tuple[str, ...] = ()
+    comparison: str = ""
+    student_read: dict | None = None
+    student_notes: str = ""
+    model_report: str = ""
+    model_read: dict | None = None
+    revealed: bool = False
+    questions: tuple[tuple[str, str], ...] = ()
+    conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def record(self) -> CaseRecord:
+        return CaseRecord(
+            title=self.title,
+            history=self.history,
+            student_read=self.student_read,
+            student_notes=self.student_notes,
+            model_read=self.model_read,
+            model_report=self.model_report,
+            key=self.key,
+            questions=self.questions,
+            teaching_points=self.teaching_points,
+        )
+
+
+@dataclass(frozen=True)
+class TeachingSession:
+    current: Round | None = None
+    records: tuple[CaseRecord, ...] = ()
+    record_index: int | None = None  # where the current round's record sits in `records` (None: not yet)
+    order: tuple[str, ...] = ()  # case ids in quiz order
+    uploads: int = 0
+    forbidden: frozenset[str] = frozenset()
+
+    def with_round(self, round_: Round, forbidden: set[str] | frozenset[str] = frozenset()) -> TeachingSession:
+        return replace(self, current=round_, record_index=None, forbidden=self.forbidden | frozenset(forbidden))
+
+    def updated(self, round_: Round) -> TeachingSession:
+        """The current round changed: keep its record (once revealed or asked about) in step."""
+        session = replace(self, current=round_)
+        if not (round_.revealed or round_.questions):
+            return session
+        records = list(self.records)
+        if self.record_index is None:
+            records.append(round_.record())
+            return replace(session, records=tuple(records), record_index=len(records) - 1)
+        records[self.record_index] = round_.record()
+        return replace(session, records=tuple(records))
+
+    def shuffled_order(self, case_ids: list[str], seed: int | None = None) -> TeachingSession:
+        return replace(self, order=tuple(shuffled(case_ids, seed)))
+
+    def next_case_id(self) -> str | None:
+        """The case after the current one in quiz order (the first when none is open or it is not in the order)."""
+        if not self.order:
+            return None
+        title_order = list(self.order)
+        current = getattr(self.current, "case_id", None)
+        if current in title_order:
+            index = title_order.index(current) + 1
+            return title_order[index] if index < len(title_order) else None
+        return title_order[0]
+
+
+@dataclass(frozen=True)
+class LibraryRound(Round):
+    case_id: str = ""
+
+
+def library_round(case: LibraryCase, film: Radiograph, display: DisplayFilm, model_image) -> LibraryRound:
+    return LibraryRound(
+        title=case.title,
+        history=case.history,
+        film=film,
+        display=display,
+        model_image=model_image,
+        view=ViewState.initial(display),
+        key=case.key,
+        teaching_points=case.teaching_points,
+        comparison=case.comparison,
+        case_id=case.case_id,
+    )
+
+
+def upload_names(path: str | Path) -> set[str]:
+    """An uploaded file's name and stem, to scrub from exports (Gradio may prefix or keep the original name)."""
+    name = Path(path).name
+    return {name, Path(name).stem}
