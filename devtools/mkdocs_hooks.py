@@ -27,7 +27,10 @@ def on_pre_build(config) -> None:
 
     docs_dir = Path(config["docs_dir"]).resolve()
     pages = tuple(item for item in GENERATED if item.path.resolve().is_relative_to(docs_dir))
-    out_of_date = stale(pages)
+    try:
+        out_of_date = stale(pages)
+    except ValueError as exc:  # a Settings field without an entry in settings.yml, or a missing generated block
+        raise PluginError(str(exc)) from None
     if out_of_date:
         names = ", ".join(str(path.relative_to(REPO_ROOT)) for path in out_of_date)
         raise PluginError(
