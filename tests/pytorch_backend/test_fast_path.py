@@ -83,4 +83,4 @@ def test_follow_ups_reuse_slots_and_evicted_conversations_answer_the_same(eager,
         assert stats.token_ids == run(eager, GenerationRequest(first.image, turns, max_new_tokens=6)).token_ids
     for name in "abc":
         fast.forget(name)
-    assert sorted(fast._free_slots) == [0, 1, 2, 3]  # every slot came back
+    assert sorted(fast._free_rows) == [0, 1, 2, 3]  # every row came back

@@ -125,9 +125,9 @@ def test_a_colliding_chain_hash_still_never_crosses_films():
 
 
 def test_a_small_cache_evicts_and_still_answers_the_same(lone, films, demo_model_dir):
-    from medgemma_xray.pytorch_backend.fast import PREFIX_BLOCK_TOKENS, FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
-    probe = lone.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
+    probe = lone.decoder.page_bytes()
     blocks = 24  # fewer than two prompts' worth (each prompt is 280+ tokens: 17+ blocks)
     film_bytes = lone.model.config.mm_tokens_per_image * lone.text_config.hidden_size * 4
     small = FastTorchInference(

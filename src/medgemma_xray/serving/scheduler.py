@@ -31,8 +31,8 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from medgemma_xray.inference_api.contract import Generation, InferenceBackend
-from medgemma_xray.inference_api.errors import one_line
+from medgemma_xray.inference_api.contract import Generation, InferenceBackend, Launch
+from medgemma_xray.inference_api.errors import RequestError, one_line
 from medgemma_xray.inference_api.shared_caches import image_content_hash
 from medgemma_xray.inference_api.types import GenerationRequest, GenerationStats
 
@@ -154,8 +154,20 @@ class Scheduler:
         # Seconds the loop spent in each part of its turns (and how many turns, prompts, decode rows): what a
         # profile of a busy second reads (turn_profile()).
         self._profile = dict.fromkeys(
-            ("turns", "admit_s", "start_s", "prefill_s", "decode_s", "emit_s", "prefill_prompts", "decode_rows"), 0.0
+            (
+                "turns",
+                "admit_s",
+                "start_s",
+                "prefill_s",
+                "decode_s",
+                "wait_s",
+                "emit_s",
+                "prefill_prompts",
+                "decode_rows",
+            ),
+            0.0,
         )
+        self._in_flight: list[Launch] = []  # the last turn's launches, read at the next turn (overlap)
         self._output_thread = threading.Thread(target=self._output_loop, name=f"{name}-output", daemon=True)
         self._output_thread.start()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -221,9 +233,9 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._prefilling or self._active or self._closing):
+                while not (self._waiting or self._prefilling or self._active or self._in_flight or self._closing):
                     self._cond.wait()
-                if self._closing and not (self._waiting or self._prefilling or self._active):
+                if self._closing and not (self._waiting or self._prefilling or self._active or self._in_flight):
                     return
             try:
                 self._turn()
@@ -236,47 +248,81 @@ class Scheduler:
         return dict(self._profile)
 
     def _turn(self) -> None:
+        """Queue this turn's prefill chunks and decode step, then read the previous turn's results while the device
+        works on them (SGLang's overlap scheduler; on a backend that does not overlap, launches run synchronously
+        and the previous turn has nothing left to read)."""
         profile, clock = self._profile, time.perf_counter
         began = clock()
         self._drop_cancelled()
         self._admit_waiting()
         admitted = clock()
         profile["admit_s"] += admitted - began
+        launches: list[Launch] = []
         if self._prefilling:
             budget = max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
             profile["prefill_prompts"] += len(self._prefilling)
-            try:
-                done = self.backend.prefill_batch([ticket.started for ticket in self._prefilling], budget)
-            except Exception as exc:  # these answers fail; the running ones go on
-                logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
-                failed, self._prefilling = self._prefilling, []
-                for ticket in failed:
-                    self._end(ticket, exc)
-            else:
-                still = []
-                for ticket, finished in zip(self._prefilling, done, strict=True):
-                    if not finished:
-                        still.append(ticket)
-                        continue
-                    self._emit(ticket)
-                    if not ticket.started.done:
-                        self._active.append(ticket)
-                self._prefilling = still
+            launches.extend(self._launch_prefill(budget))
+            ready = [t for t in self._prefilling if t.started.device_ready or t.started.done]
+            self._prefilling = [t for t in self._prefilling if not (t.started.device_ready or t.started.done)]
+            self._active.extend(ready)
         prefilled = clock()
         profile["prefill_s"] += prefilled - admitted
         if self._active:
             profile["decode_rows"] += len(self._active)
-            self.backend.step([ticket.started for ticket in self._active])
-            stepped = clock()
-            profile["decode_s"] += stepped - prefilled
-            still = []
-            for ticket in self._active:
-                self._emit(ticket)
-                if not ticket.started.done:
-                    still.append(ticket)
-            self._active = still
-            profile["emit_s"] += clock() - stepped
+            launches.extend(self.backend.launch_step([ticket.started for ticket in self._active]))
+        launched = clock()
+        profile["decode_s"] += launched - prefilled
+        previous, self._in_flight = self._in_flight, launches
+        for launch in previous:  # the device is busy with this turn's launches meanwhile
+            self.backend.complete(launch)
+        waited = clock()
+        profile["wait_s"] += waited - launched
+        if not self.backend.overlaps:
+            for launch in launches:  # complete already: nothing waits
+                self.backend.complete(launch)
+        still = []
+        for ticket in self._active:
+            self._emit(ticket)
+            if not ticket.started.done:
+                still.append(ticket)
+        self._active = still
+        profile["emit_s"] += clock() - waited
         profile["turns"] += 1
+
+    def _launch_prefill(self, budget: int) -> list[Launch]:
+        """One packed launch for every waiting prompt. When it raises, each prompt is tried alone, so a prompt that
+        breaks the prefill fails alone: its batch-mates go on, and it fails as the request's fault (a RequestError,
+        which the circuit breaker never counts), unless every prompt fails alone (then the backend is at fault)."""
+        generations = [ticket.started for ticket in self._prefilling]
+        try:
+            launch = self.backend.launch_prefill(generations, budget)
+            return [launch] if launch is not None else []
+        except Exception as exc:
+            logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
+            batch_error: BaseException = exc
+        if len(self._prefilling) == 1:
+            self._end(self._prefilling[0], batch_error)
+            self._prefilling = []
+            return []
+        launches, failed = [], []
+        for ticket in self._prefilling:
+            try:
+                launch = self.backend.launch_prefill([ticket.started], budget)
+            except Exception as exc:
+                failed.append((ticket, exc))
+                continue
+            if launch is not None:
+                launches.append(launch)
+        if len(failed) == len(self._prefilling):  # none succeeded alone: the backend, not a prompt, is at fault
+            for ticket, _ in failed:
+                self._end(ticket, batch_error)
+        else:
+            for ticket, exc in failed:
+                logger.warning("a prompt failed its prefill alone: %s: %s", type(exc).__name__, one_line(exc))
+                self._end(ticket, _prompt_error(exc))
+        dropped = {id(ticket) for ticket, _ in failed}
+        self._prefilling = [ticket for ticket in self._prefilling if id(ticket) not in dropped]
+        return launches
 
     def _admit_waiting(self) -> None:
         admitted: list[Ticket] = []
@@ -339,4 +385,17 @@ class Scheduler:
     def _fail_all(self, exc: BaseException) -> None:
         for ticket in [*self._prefilling, *self._active]:
             self._end(ticket, exc)
-        self._prefilling, self._active = [], []
+        self._prefilling, self._active, self._in_flight = [], [], []
+
+
+def _prompt_error(exc: BaseException) -> RequestError:
+    """A prompt's own prefill failure, as the user's to fix (never counted against the backend)."""
+    error = (
+        exc
+        if isinstance(exc, RequestError)
+        else RequestError(
+            f"this question could not be processed ({type(exc).__name__}: {one_line(exc)}); rephrase it without "
+            "special markers or start a new case"
+        )
+    )
+    return error
