@@ -86,8 +86,66 @@ def single_stream(service, image, requests: int, max_new_tokens: int, progress: 
     }
 
 
-def concurrency(service, image, users: int, answers_each: int, max_new_tokens: int, progress) -> dict:
-    """`users` threads asking without pause: aggregate throughput, per-stream speed, TTFT, and failures."""
+class GpuBusyProbe:
+    """The share of one busy second the GPU spends running kernels, read from a CUDA profile (CUPTI records every
+    thread's kernels): the union of kernel intervals over the profiled window. Started `delay_s` into a load, on a
+    thread of its own, so the load's threads run meanwhile. Nothing on CPU."""
+
+    def __init__(self, delay_s: float = 1.0, window_s: float = 1.0) -> None:
+        self.delay_s, self.window_s = delay_s, window_s
+        self.result: dict | None = None
+        self._thread = threading.Thread(target=self._run, name="gpu-busy-probe")
+
+    def __enter__(self) -> GpuBusyProbe:
+        import torch
+
+        if torch.cuda.is_available():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        time.sleep(self.delay_s)
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                time.sleep(self.window_s)
+            intervals = sorted(
+                (event.time_range.start, event.time_range.end)
+                for event in prof.events()
+                if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.end > event.time_range.start
+            )
+        except Exception as exc:  # reported beside the figures, never fatal to the benchmark
+            self.result = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            return
+        busy, end = 0.0, None
+        for start, stop in intervals:
+            if end is None or start > end:
+                busy += stop - start
+                end = stop
+            elif stop > end:
+                busy += stop - end
+                end = stop
+        span = (intervals[-1][1] - intervals[0][0]) if intervals else 0.0
+        self.result = {
+            "kernels": len(intervals),
+            "busy_ms": busy / 1e3,
+            "span_ms": span / 1e3,
+            "busy_fraction_of_span": busy / span if span else None,
+            "busy_fraction_of_window": busy / (self.window_s * 1e6),
+        }
+
+
+def concurrency(
+    service, image, users: int, answers_each: int, max_new_tokens: int, progress, busy_probe: bool = False
+) -> dict:
+    """`users` threads asking without pause: aggregate throughput, per-stream speed, TTFT, and failures; with
+    busy_probe, the GPU-busy share of one busy second (GpuBusyProbe) and the loop's time split over that run."""
     answers: list[Answer] = []
     failures: list[str] = []
     lock = threading.Lock()
@@ -104,15 +162,25 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
                 answers.append(answer)
             progress()
 
+    loop_before = _turn_profile(service)
     started = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
+    probe = GpuBusyProbe(delay_s=min(1.0, 0.2 * max_new_tokens * 0.004 * answers_each)) if busy_probe else None
     for thread in threads:
         thread.start()
+    if probe is not None:
+        with probe:
+            pass
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
     tokens = sum(a.tokens for a in answers)
+    extra = {}
+    if probe is not None:
+        extra["gpu_busy"] = probe.result
+        extra["loop_profile"] = _profile_delta(loop_before, _turn_profile(service))
     return {
+        **extra,
         "users": users,
         "answers": len(answers),
         "failures": len(failures),
@@ -126,6 +194,24 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
         "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
         "ttft_from_admission_ms": _scaled(percentiles(_admitted(answers)), 1e3),
     }
+
+
+def _turn_profile(service) -> dict | None:
+    """The serving scheduler's cumulative loop-time split (Scheduler.turn_profile), where the service has one."""
+    scheduler = getattr(getattr(service, "_current", None), "scheduler", None)
+    return scheduler.turn_profile() if scheduler is not None else None
+
+
+def _profile_delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    turns = delta.get("turns") or 0
+    if turns:
+        delta["ms_per_turn"] = {
+            key[:-2]: 1e3 * value / turns for key, value in delta.items() if key.endswith("_s") and key != "ms_per_turn"
+        }
+    return delta
 
 
 def _admitted(answers: list[Answer]) -> list[float]:
@@ -252,14 +338,27 @@ def _run_students(students: int, spread_s: float, student) -> tuple[float, list[
 
 
 def teaching_round(
-    service, images: list, max_new_tokens: int, follow_ups: int, pause_s: float, spread_s: float
+    service,
+    images: list,
+    max_new_tokens: int,
+    follow_ups: int,
+    pause_s: tuple[float, float],
+    spread_s: float,
+    seed: int = 0,
+    busy_probe: bool = False,
 ) -> dict:
-    """Each student has their own film (images[i]) and one case: the long first question, then `follow_ups` short
-    ones, pausing pause_s between an answer and the next question; students arrive spread over spread_s."""
+    """Each student has a film (images[i]; the same object for every student: a class on one film) and one case:
+    the long first question, then `follow_ups` short ones, pausing a uniformly drawn pause_s = (low, high) seconds
+    between an answer and the next question; students arrive evenly spread over spread_s. The pauses are drawn from
+    `seed`, so every mode waits the same."""
+    import random
+
     firsts: list[Answer] = []
     laters: list[Answer] = []
     lock = threading.Lock()
     before = service.cache_stats()
+    draw = random.Random(seed)
+    pauses = [[draw.uniform(*pause_s) for _ in range(follow_ups)] for _ in images]
 
     def student(index: int) -> None:
         case = uuid.uuid4().hex
@@ -267,7 +366,7 @@ def teaching_round(
         questions = [workload.QUESTION, *workload.TEACHING_FOLLOW_UPS[:follow_ups]]
         for turn, question in enumerate(questions):
             if turn:
-                time.sleep(pause_s)
+                time.sleep(pauses[index][turn - 1])
             request = workload.conversation_request(images[index], history, question, max_new_tokens, case)
             answer, text = ask(service, request)
             history.append((question, text))
@@ -275,12 +374,23 @@ def teaching_round(
                 (firsts if turn == 0 else laters).append(answer)
         service.forget_conversation(case)
 
-    wall, failures = _run_students(len(images), spread_s, student)
+    loop_before = _turn_profile(service)
+    probe = GpuBusyProbe(delay_s=spread_s * 0.6) if busy_probe else None
+    if probe is not None:
+        probe.__enter__()
+    try:
+        wall, failures = _run_students(len(images), spread_s, student)
+    finally:
+        if probe is not None:
+            probe.__exit__(None, None, None)
     return {
+        "gpu_busy": probe.result if probe is not None else None,
+        "loop_profile": _profile_delta(loop_before, _turn_profile(service)),
         "students": len(images),
+        "one_film": len({id(image) for image in images}) == 1,
         "answer_tokens": max_new_tokens,
         "follow_ups": follow_ups,
-        "pause_s": pause_s,
+        "pause_s": list(pause_s),
         "arrivals_spread_s": spread_s,
         "wall_s": wall,
         "failures": len(failures),

@@ -74,13 +74,18 @@ for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K
     produced = triton_gemv(x, q.data, q.scale, glu=True)
     assert produced.shape == (1, n)
     worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
-for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32)):
+for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32), (70, 24, 64)):
     x, w = torch.randn(m, k), torch.randn(n, k)
     q = quantize_weight(w, "int8")
     for data, scale in ((q.data, q.scale), (w, None)):
         expected = reference_weight_only_linear(x, data, scale)
         produced = triton_weight_only_linear(x, data, scale)
         worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
+    # the GEMM that serves several rows and the GEMV that serves one give each row the same product
+    gemm = triton_weight_only_linear(x, q.data, q.scale)
+    for row in range(0, m, max(1, m // 3)):
+        gemv = triton_gemv(x[row : row + 1], q.data, q.scale)
+        worst = max(worst, ((gemm[row : row + 1] - gemv).abs().max() / gemv.abs().max()).item())
 for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2), (8, 1, 32, 7, 4)):
     q = torch.randn(3, heads, dim)
     qkv = torch.randn(3, 2 * kv_heads * dim + 5)  # k and v as strided views, as the step slices them

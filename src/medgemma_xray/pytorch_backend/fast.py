@@ -96,6 +96,7 @@ class FastTorchInference(TorchInference):
 
             self.fused = FusedDecodeStep(self.decoder, weights)
         self._graphs: DecodeGraphs | None = None
+        self.decode_bucket_choices: dict[int, dict] = {}  # the 8-bit mode: which step each decode bucket runs
         self._vision_one = self.model.get_image_features  # compiled in warm-up: one film, its fixed shape
         if prefill_buckets is None:
             prefill_buckets = DEFAULT_PREFILL_BUCKETS if self.use_graphs else ()
@@ -404,7 +405,15 @@ class FastTorchInference(TorchInference):
             from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
             started = time.perf_counter()
-            self._graphs = DecodeGraphs(self.decoder, self._step, self.batch_buckets, self.device)
+            alternatives = None
+            if self.weights != "bf16":  # each bucket runs the faster of the 8-bit step and the bf16 step
+                alternatives = {"bf16": self.decoder.decode}
+            self._graphs = DecodeGraphs(
+                self.decoder, self._step, self.batch_buckets, self.device, alternatives, name=self.weights
+            )
+            if self._graphs.choices:
+                self.startup["decode_buckets"] = {str(b): c["runs"] for b, c in self._graphs.choices.items()}
+                self.decode_bucket_choices = self._graphs.choices
             self.startup["capture_s"] = round(time.perf_counter() - started, 2)
         started = time.perf_counter()
         self._warm_up_first_token()
@@ -463,6 +472,7 @@ class FastTorchInference(TorchInference):
                 "prefill_graphs": bool(self._prefill_graphs and self._prefill_graphs.graphs),
                 "vision_graph": self._vision_graph is not None,
                 "overlap": self.overlaps,
+                "decode_bucket_choices": {str(b): c for b, c in self.decode_bucket_choices.items()},
                 "startup": self.startup,
             }
         )

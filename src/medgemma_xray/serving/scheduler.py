@@ -164,6 +164,7 @@ class Scheduler:
                 "emit_s",
                 "prefill_prompts",
                 "decode_rows",
+                "launches_read_late",
             ),
             0.0,
         )
@@ -273,6 +274,8 @@ class Scheduler:
         launched = clock()
         profile["decode_s"] += launched - prefilled
         previous, self._in_flight = self._in_flight, launches
+        if launches:
+            profile["launches_read_late"] += len(previous)
         for launch in previous:  # the device is busy with this turn's launches meanwhile
             self.backend.complete(launch)
         waited = clock()
