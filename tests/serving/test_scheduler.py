@@ -99,9 +99,9 @@ def test_a_cancelled_answer_frees_its_slot_at_the_next_turn(backend, films):
         "".join(deltas)
         assert stats.finish_reason == "cancelled" and stats.new_tokens < 500
         deadline = time.monotonic() + 10
-        while len(backend._free_slots) != 3 and time.monotonic() < deadline:
+        while len(backend._free_rows) != 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(backend._free_slots) == 3
+        assert len(backend._free_rows) == 3
     finally:
         scheduler.close(10)
 

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The H200 runs behind benchmarks/results/*-h200-gpu-busy.md: this branch's fast path against a baseline tree's, on
+# the same harness (this tree's benchmark.py and benchmarks/), the MedGemma-4B shape with random weights.
+#   benchmarks/h200_gpu_busy.sh smoke OUT            kernel checks, the GEMM table, a short benchmark of this tree
+#   benchmarks/h200_gpu_busy.sh full OUT BASELINE    exactness, then every row for BASELINE's src/ and this tree's
+# Run from this tree's root. BASELINE is the root of another checkout (its src/ is what "before" imports).
+set -euo pipefail
+stage=${1:?smoke or full}
+out=${2:?output folder}
+here=$(pwd)
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p "${out}"
+python3 -m medgemma_xray.demo_model.install --output models/medgemma-demo >/dev/null 2>&1 ||
+  PYTHONPATH="${here}/src" python3 -m medgemma_xray.demo_model.install --output models/medgemma-demo >/dev/null
+
+bench() {  # bench SRC LABEL MODES EXTRA...: the benchmark with SRC's library and this tree's harness
+  local src=$1 label=$2 modes=$3
+  shift 3
+  PYTHONPATH="${src}:${here}" python3 "${here}/benchmark.py" --random-weights medgemma-4b --modes "${modes}" \
+    --output "${out}/${label}" --answer-tokens 128 --report-tokens 128 --max-sequence 2048 "$@"
+  cp "${out}/${label}/benchmark.json" "${out}/${label}.json"
+  rm -rf "${out:?}/${label}"
+}
+
+case "${stage}" in
+  smoke)
+    python3 -m benchmarks.paged_checks --output "${out}" --skip exactness
+    bench "${here}/src" smoke pytorch-fast --requests 5 --concurrency 16,48 --answers-per-user 1 --turns 5 \
+      --turn-tokens 64 --films 20 --report-users 16 --teaching-students 48 --class-students 48 --busy-users 16,48
+    ;;
+  full)
+    baseline=${3:?baseline tree}
+    (cd "${baseline}" && PYTHONPATH="${baseline}/src" python3 -m medgemma_xray.demo_model.install \
+      --output models/medgemma-demo >/dev/null)
+    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm
+    rows=(--requests 10 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
+      --report-users 16 --teaching-students "16,48,96" --class-students 48 --busy-users "16,48")
+    bench "${here}/src" after pytorch-fast,pytorch-fast-int8 "${rows[@]}"
+    bench "${baseline}/src" before pytorch-fast,pytorch-fast-int8 "${rows[@]}"
+    python3 -m benchmarks.gpu_busy_report "${out}/before.json" "${out}/after.json" --output "${out}/report.md"
+    ;;
+  *)
+    echo "unknown stage ${stage}: smoke or full" >&2
+    exit 2
+    ;;
+esac
