@@ -181,7 +181,13 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             bar.set_description(f"{mode}: {users} users")
             record["concurrency"].append(
                 measure.concurrency(
-                    service, image, users, args.answers_per_user, args.answer_tokens, bar.update, users in busy
+                    service,
+                    image,
+                    users,
+                    max(args.answers_per_user, 3) if users in busy else args.answers_per_user,  # a busy second's load
+                    args.answer_tokens,
+                    bar.update,
+                    users in busy,
                 )
             )
         bar.set_description(f"{mode}: conversation")

@@ -32,11 +32,11 @@ case "${stage}" in
     baseline=${3:?baseline tree}
     (cd "${baseline}" && PYTHONPATH="${baseline}/src" python3 -m medgemma_xray.demo_model.install \
       --output models/medgemma-demo >/dev/null)
-    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm
-    rows=(--requests 10 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
+    rows=(--requests 8 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
       --report-users 16 --teaching-students "16,48,96" --class-students 48 --busy-users "16,48")
     bench "${here}/src" after pytorch-fast,pytorch-fast-int8 "${rows[@]}"
     bench "${baseline}/src" before pytorch-fast,pytorch-fast-int8 "${rows[@]}"
+    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm --weights bf16
     python3 -m benchmarks.gpu_busy_report "${out}/before.json" "${out}/after.json" --output "${out}/report.md"
     ;;
   *)

@@ -88,27 +88,18 @@ def single_stream(service, image, requests: int, max_new_tokens: int, progress: 
 
 class GpuBusyProbe:
     """The share of one busy second the GPU spends running kernels, read from a CUDA profile (CUPTI records every
-    thread's kernels): the union of kernel intervals over the profiled window. Started `delay_s` into a load, on a
-    thread of its own, so the load's threads run meanwhile. Nothing on CPU."""
+    thread's kernels): the union of kernel intervals over the profiled window. `measure()` runs on the calling
+    thread (the profiler must start and stop on the thread that made it) while the load's threads run: it waits
+    delay_s, profiles window_s, and returns the figures. Nothing on CPU."""
 
-    def __init__(self, delay_s: float = 1.0, window_s: float = 1.0) -> None:
+    def __init__(self, delay_s: float = 0.5, window_s: float = 1.0) -> None:
         self.delay_s, self.window_s = delay_s, window_s
-        self.result: dict | None = None
-        self._thread = threading.Thread(target=self._run, name="gpu-busy-probe")
 
-    def __enter__(self) -> GpuBusyProbe:
+    def measure(self) -> dict | None:
         import torch
 
-        if torch.cuda.is_available():
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._thread.is_alive() or self._thread.ident is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        import torch
+        if not torch.cuda.is_available():
+            return None
         from torch.profiler import ProfilerActivity, profile
 
         time.sleep(self.delay_s)
@@ -121,8 +112,7 @@ class GpuBusyProbe:
                 if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.end > event.time_range.start
             )
         except Exception as exc:  # reported beside the figures, never fatal to the benchmark
-            self.result = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-            return
+            return {"error": f"{type(exc).__name__}: {exc}"[:200]}
         busy, end = 0.0, None
         for start, stop in intervals:
             if end is None or start > end:
@@ -132,7 +122,7 @@ class GpuBusyProbe:
                 busy += stop - end
                 end = stop
         span = (intervals[-1][1] - intervals[0][0]) if intervals else 0.0
-        self.result = {
+        return {
             "kernels": len(intervals),
             "busy_ms": busy / 1e3,
             "span_ms": span / 1e3,
@@ -150,6 +140,8 @@ def concurrency(
     failures: list[str] = []
     lock = threading.Lock()
 
+    finished: list[float] = []
+
     def user() -> None:
         for _ in range(answers_each):
             try:
@@ -161,23 +153,22 @@ def concurrency(
             with lock:
                 answers.append(answer)
             progress()
+        with lock:
+            finished.append(time.perf_counter())
 
     loop_before = _turn_profile(service)
     started = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
-    probe = GpuBusyProbe(delay_s=min(1.0, 0.2 * max_new_tokens * 0.004 * answers_each)) if busy_probe else None
     for thread in threads:
         thread.start()
-    if probe is not None:
-        with probe:
-            pass
+    busy = GpuBusyProbe(delay_s=0.3, window_s=1.0).measure() if busy_probe else None
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - started
+    wall = max(finished, default=time.perf_counter()) - started  # the load's own time, not the probe's
     tokens = sum(a.tokens for a in answers)
     extra = {}
-    if probe is not None:
-        extra["gpu_busy"] = probe.result
+    if busy_probe:
+        extra["gpu_busy"] = busy
         extra["loop_profile"] = _profile_delta(loop_before, _turn_profile(service))
     return {
         **extra,
@@ -375,16 +366,14 @@ def teaching_round(
         service.forget_conversation(case)
 
     loop_before = _turn_profile(service)
-    probe = GpuBusyProbe(delay_s=spread_s * 0.6) if busy_probe else None
-    if probe is not None:
-        probe.__enter__()
-    try:
-        wall, failures = _run_students(len(images), spread_s, student)
-    finally:
-        if probe is not None:
-            probe.__exit__(None, None, None)
+    outcome: list[tuple[float, list[str]]] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run_students(len(images), spread_s, student)))
+    runner.start()
+    busy = GpuBusyProbe(delay_s=spread_s * 0.8, window_s=1.0).measure() if busy_probe else None
+    runner.join()
+    wall, failures = outcome[0]
     return {
-        "gpu_busy": probe.result if probe is not None else None,
+        "gpu_busy": busy,
         "loop_profile": _profile_delta(loop_before, _turn_profile(service)),
         "students": len(images),
         "one_film": len({id(image) for image in images}) == 1,

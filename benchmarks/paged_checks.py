@@ -171,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", type=Path, required=True)
     parser.add_argument("--skip", default="", help="comma-separated parts to leave out: kernels, gemm, exactness")
+    parser.add_argument("--weights", default="bf16,int8", help="the modes the exactness check runs")
     args = parser.parse_args(argv)
     skip = set(args.skip.split(","))
     record: dict = {}
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if "gemm" not in skip:
         record["gemm"] = gemm_table()
     if "exactness" not in skip:
-        record["exactness"] = [exactness(weights) for weights in ("bf16", "int8")]
+        record["exactness"] = [exactness(weights) for weights in args.weights.split(",") if weights]
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "paged_checks.json").write_text(json.dumps(record, indent=1, default=str))
     for name, figures in record.get("gemm", {}).items():

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from medgemma_xray.pytorch_backend.decode_attention import PAGE_TOKENS, decode_attention, write_positions
+from medgemma_xray.pytorch_backend.decode_attention import PAGE_TOKENS, write_decode_attention
 from medgemma_xray.pytorch_backend.prefill_attention import PrefillChunk, PrefillPlan, prefill_attention
 
 # A prefill bucket's attention (prefill_static) reads only its own keys, in registers: the memory-efficient kernel
@@ -47,10 +47,10 @@ def cached_decode_attention(
     window: int,
     scale: float,
 ) -> torch.Tensor:
-    """Write each sequence's new key/value at its position, then attend over its filled part. One opaque op, so
-    torch.compile fuses everything around it and the kernel keeps its own launch."""
-    write_positions(k_cache, v_cache, block_tables, rows, positions, k, v)
-    return decode_attention(q, k_cache, v_cache, block_tables, rows, positions + 1, window, scale)
+    """Write each sequence's new key/value at its position and attend over its filled part: on CUDA one Triton
+    launch (the write inside the attention kernel, which reads the new key from registers: the same values a
+    separate write would store), plus the split merge. One opaque op, so torch.compile fuses everything around it."""
+    return write_decode_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale)
 
 
 @cached_decode_attention.register_fake
@@ -172,7 +172,10 @@ class PagedGemmaDecoder:
         tokens, positions = self.row_tokens[rows], self.row_positions[rows]
         ids, logprobs = step(tokens, positions, rows)
         self.row_tokens.index_put_((rows,), ids)
-        self.row_positions.index_put_((rows,), positions + 1)  # padding rows all write 1 to the dummy row
+        # Padding rows stay at position 0 of the dummy row: every replay would otherwise move it one on, past the
+        # end of its block table and the rotary tables after a few thousand steps.
+        following = torch.where(rows == self.dummy_row, torch.zeros_like(positions), positions + 1)
+        self.row_positions.index_put_((rows,), following)
         return ids, logprobs
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor):
@@ -325,7 +328,9 @@ class PagedGemmaDecoder:
         positions = torch.arange(count, device=x.device)
         masks = {sliding: self._static_mask(positions, count, blocks, sliding) for sliding in (False, True)}
         rope = {sliding: (self.cos[sliding][:count], self.sin[sliding][:count]) for sliding in (False, True)}
-        pages = self.block_tables[row[0], positions // PAGE_TOKENS].long()
+        # block_tables[row][0], not block_tables[row[0]]: a 0-dim tensor index is read on the host (a sync, which
+        # invalidates a graph capture)
+        pages = self.block_tables[row][0][positions // PAGE_TOKENS].long()
         pages = torch.where(positions <= last_row, pages, torch.full_like(pages, self.dummy_page))
         write_index = pages * PAGE_TOKENS + positions % PAGE_TOKENS
         flat_shape = (-1, self.kv_heads, self.head_dim)
