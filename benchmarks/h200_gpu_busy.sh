@@ -34,9 +34,10 @@ case "${stage}" in
       --output models/medgemma-demo >/dev/null)
     rows=(--requests 8 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
       --report-users 16 --teaching-students "16,48,96" --class-students 48 --busy-users "16,48")
-    bench "${here}/src" after pytorch-fast,pytorch-fast-int8 "${rows[@]}"
-    bench "${baseline}/src" before pytorch-fast,pytorch-fast-int8 "${rows[@]}"
-    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm --weights bf16
+    # each part runs even when one before it failed: what ran is reported, what failed says so in the log
+    bench "${here}/src" after pytorch-fast,pytorch-fast-int8 "${rows[@]}" || echo "FAILED: after" >&2
+    bench "${baseline}/src" before pytorch-fast,pytorch-fast-int8 "${rows[@]}" || echo "FAILED: before" >&2
+    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm --weights bf16 || echo "FAILED: checks" >&2
     python3 -m benchmarks.gpu_busy_report "${out}/before.json" "${out}/after.json" --output "${out}/report.md"
     ;;
   *)
