@@ -96,19 +96,20 @@ def rows(mode: dict) -> list[tuple[str, str, float | None, str]]:
 
 
 def table(before: dict, after: dict) -> str:
-    header = "| row | " + " | ".join(f"{m} before | {m} after" for m in MODES) + " | target |"
-    lines = [header, "|---" * (2 + 2 * len(MODES)) + "|"]
+    modes = [mode for mode in MODES if mode in after.get("modes", {}) or mode in before.get("modes", {})]
+    header = "| row | " + " | ".join(f"{m} before | {m} after" for m in modes) + " | target |"
+    lines = [header, "|---" * (2 + 2 * len(modes)) + "|"]
     per_mode = {}
-    for mode in MODES:
+    for mode in modes:
         per_mode[mode] = (
             rows(_get(before, "modes", mode) or {}),
             rows(_get(after, "modes", mode) or {}),
         )
-    names = [name for name, _, _, _ in per_mode[MODES[0]][1]]
+    names = [name for name, _, _, _ in per_mode[modes[0]][1]]
     for index, name in enumerate(names):
         cells = []
         target = "–"
-        for mode in MODES:
+        for mode in modes:
             old, new = per_mode[mode]
             cells.append(old[index][1] if index < len(old) else "–")
             cells.append(new[index][1] if index < len(new) else "–")

@@ -2,10 +2,11 @@
 # The H200 runs behind benchmarks/results/*-h200-gpu-busy.md: this branch's fast path against a baseline tree's, on
 # the same harness (this tree's benchmark.py and benchmarks/), the MedGemma-4B shape with random weights.
 #   benchmarks/h200_gpu_busy.sh smoke OUT            kernel checks, the GEMM table, a short benchmark of this tree
-#   benchmarks/h200_gpu_busy.sh full OUT BASELINE    exactness, then every row for BASELINE's src/ and this tree's
+#   benchmarks/h200_gpu_busy.sh full OUT BASELINE    every row for BASELINE's src/ and this tree's, bf16 then int8
+#   benchmarks/h200_gpu_busy.sh exactness OUT        lone, batched-overlapped and prefix-shared answers compared
 # Run from this tree's root. BASELINE is the root of another checkout (its src/ is what "before" imports).
 set -euo pipefail
-stage=${1:?smoke or full}
+stage=${1:?smoke, full or exactness}
 out=${2:?output folder}
 here=$(pwd)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -32,13 +33,19 @@ case "${stage}" in
     baseline=${3:?baseline tree}
     (cd "${baseline}" && PYTHONPATH="${baseline}/src" python3 -m medgemma_xray.demo_model.install \
       --output models/medgemma-demo >/dev/null)
-    rows=(--requests 8 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
-      --report-users 16 --teaching-students "16,48,96" --class-students 48 --busy-users "16,48")
-    # each part runs even when one before it failed: what ran is reported, what failed says so in the log
-    bench "${here}/src" after pytorch-fast,pytorch-fast-int8 "${rows[@]}" || echo "FAILED: after" >&2
-    bench "${baseline}/src" before pytorch-fast,pytorch-fast-int8 "${rows[@]}" || echo "FAILED: before" >&2
-    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm --weights bf16 || echo "FAILED: checks" >&2
-    python3 -m benchmarks.gpu_busy_report "${out}/before.json" "${out}/after.json" --output "${out}/report.md"
+    rows=(--requests 5 --concurrency "1,16,48,64" --answers-per-user 2 --turns 5 --turn-tokens 64 --films 100
+      --report-users 16 --teaching-students "48,96" --class-students 48 --busy-users "16,48")
+    # bf16 before and after first, then int8: a run cut short still has complete pairs. Each part runs even when
+    # one before it failed; what failed says so in the log.
+    for mode in pytorch-fast pytorch-fast-int8; do
+      bench "${here}/src" "after-${mode}" "${mode}" "${rows[@]}" || echo "FAILED: after ${mode}" >&2
+      bench "${baseline}/src" "before-${mode}" "${mode}" "${rows[@]}" || echo "FAILED: before ${mode}" >&2
+      python3 -m benchmarks.gpu_busy_report "${out}/before-${mode}.json" "${out}/after-${mode}.json" \
+        --output "${out}/report-${mode}.md" | tail -14 || true
+    done
+    ;;
+  exactness)
+    python3 -m benchmarks.paged_checks --output "${out}" --skip kernels,gemm --weights bf16
     ;;
   *)
     echo "unknown stage ${stage}: smoke or full" >&2
