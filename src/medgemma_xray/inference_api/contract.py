@@ -11,9 +11,10 @@ A backend implements the minimum (Polygraphy's runner shape: the public methods 
 This class owns the rest: stop tokens, the token limit, detokenisation, stats, cancellation, the cache of
 resident conversations (a follow-up question prefills only its new tokens), and the caches shared across users
 (inference_api/shared_caches.py): the vision tower's output keyed by the film's content hash, and, where the
-backend lends a block pool, the KV of common prompt prefixes, copied into a new conversation at admission. A
-scheduler drives many generations through start / prefill_batch / step / finish; `stream_generate` is the same
-loop for one caller.
+backend has one, the KV of common prompt prefixes: shared by reference on a paged backend (its pages), copied into
+a new conversation at admission on one with a block pool. A scheduler drives many generations through
+start / launch_prefill / launch_step / complete / finish (on a backend that `overlaps`, launches return before the
+device is done and complete() reads them later); `stream_generate` is the same loop for one caller.
 """
 
 from __future__ import annotations

@@ -1,25 +1,29 @@
 """Iteration-level batching: one thread drives every answer of one backend through the token-level contract.
 
 Each loop turn (a "step" in vLLM's words) has a token budget, `max_batched_tokens`: one decode token for every
-running answer, and the rest for prompt chunks. A turn drops cancelled answers, admits waiting ones (the contract
-copies a cached prefix of the same film into each, and films not in the image cache go through the vision tower
-once each, as one batch), prefills the chunks of every waiting prompt that fit in the budget in one packed
-forward, first come first served, then decodes one token for every running answer in one batched call. So a new
-arrival costs running streams one longer turn, never a queue of prompts one at a time. An answer joins the batch
-at the next turn after its prefill and leaves it when it stops; a closed browser tab frees its slot at the next
-turn.
+running answer, and the rest for prompt chunks. A turn drops cancelled answers, admits waiting ones (a cached
+prefix of the same film is placed in each: by reference on a paged backend, copied on others; films not in the
+image cache go through the vision tower once each, as one batch), queues the chunks of every waiting prompt that
+fit in the budget as one packed prefill, first come first served, queues one decode step for every running answer
+as one batched call, and only then reads the previous turn's tokens. So a new arrival costs running streams one
+longer turn, never a queue of prompts one at a time, and on a backend whose decode inputs live on the device the
+GPU already has this turn's work while Python reads the last. An answer joins the batch in the turn its prompt's
+last chunk is queued and leaves it when the host sees it stop; a closed browser tab frees its slot at the next turn.
 
 Taken from vLLM's V1 scheduler: the per-step token budget shared by decodes and chunked prefills (decodes first,
-so running streams never starve), and prefix-cache hits counted in tokens at admission. From SGLang: admit new
-prompts while any budget is left (its "prefill-first when there is room" policy), and keep detokenisation off
-the GPU loop: token ids go to a second thread (SGLang's detokenizer process, vLLM's output processor), which
-turns them into text and hands it to the waiting handlers. The loop thread only schedules, launches and reads ids.
-Not taken: vLLM's paged attention (the static slot cache and its CUDA-graph decode stay; prefix KV is copied in)
-and async scheduling of step N+1 while N runs (the contract reads each step's ids before the next).
+so running streams never starve), prefix-cache hits counted in tokens at admission, and its asynchronous scheduling
+(the next step is scheduled before the last one's output is processed). From SGLang: admit new prompts while any
+budget is left (its "prefill-first when there is room" policy); its overlap scheduler (each sequence's next input
+token stays on the device, so step N+1 is launched before the host reads step N, at the cost of one discarded
+step when an answer stops on its stop token); and detokenisation off the GPU loop: token ids go to a second
+thread (SGLang's detokenizer process, vLLM's output processor), which turns them into text for the handlers. The
+loop thread only schedules, launches and reads ids. A prompt that breaks a packed prefill is retried alone, so it
+fails alone and as the request's fault. Not taken: preemption and swapping (a conversation's KV is never evicted
+while it answers; the slot count bounds the batch instead), and speculative decoding.
 
 Why not transformers' continuous-batching manager: in 5.17 it takes token ids only (no images), and it drops its
 fast paths on sliding-window models such as Gemma 3. The contract's backends bring their own KV layouts (a
-DynamicCache, a static slot cache, an engine's buffers), so the scheduler only orders calls.
+DynamicCache, the fast path's paged cache, an engine's buffers), so the scheduler only orders calls.
 """
 
 from __future__ import annotations
