@@ -149,7 +149,10 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             model_path=Path(models.name),
             device=device,
             engine_path=args.engine_path,
-            generation_concurrency=max([*levels, args.report_users, 1]),
+            generation_concurrency=max(
+                [*levels, args.report_users, 1]
+                + [int(x) for x in f"{args.teaching_students},{args.class_students}".split(",") if x]
+            ),
             queue_size=10_000,
             max_resident_conversations=4,
             max_sequence=args.max_sequence,
