@@ -118,11 +118,43 @@ def table(before: dict, after: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(pairs: dict[str, tuple[dict, dict]], path: Path) -> None:
+    """Throughput by users and teaching-round TTFT p95, before and after, per mode: one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.2
+    for index, (mode, (before, after)) in enumerate(pairs.items()):
+        for shift, (label, record) in enumerate((("before", before), ("after", after))):
+            levels = (_get(record, "modes", mode, "concurrency") or [])[1:]
+            xs = [i + (2 * index + shift) * width for i in range(len(levels))]
+            left.bar(xs, [row.get("tokens_per_s") or 0 for row in levels], width, label=f"{mode} {label}")
+            left.set_xticks([i + 1.5 * width for i in range(len(levels))], [str(row["users"]) for row in levels])
+            rounds = (_get(record, "modes", mode, "teaching_round") or []) + (
+                _get(record, "modes", mode, "class_on_one_film") or []
+            )
+            xs = [i + (2 * index + shift) * width for i in range(len(rounds))]
+            right.bar(xs, [_get(r, "first_answer_ttft_ms", "p95") or 0 for r in rounds], width, label=f"{mode} {label}")
+            right.set_xticks(
+                [i + 1.5 * width for i in range(len(rounds))],
+                [f"{r['students']}{' one film' if r.get('one_film') else ''}" for r in rounds],
+            )
+    left.set_title("tokens/s by concurrent users")
+    right.set_title("teaching round: first-answer TTFT p95 (ms)")
+    left.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--plot", type=Path, help="also draw the before/after PNG here (matplotlib)")
     args = parser.parse_args(argv)
     before, after = json.loads(args.before.read_text()), json.loads(args.after.read_text())
     text = (
@@ -131,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.output:
         args.output.write_text(text)
+    if args.plot:
+        modes = [m for m in MODES if m in after.get("modes", {})]
+        plot({m: (before, after) for m in modes}, args.plot)
     print(text)
     return 0
 
