@@ -402,7 +402,8 @@ class InferenceBackend(abc.ABC):
                     launch = Launch("decode", chunk, self._launch_decode_impl(kvs, positions), fed=[None] * len(chunk))
                 else:
                     tokens = [g.pending for g in chunk if g.pending is not None]  # all: `active` has no None
-                    launch = Launch("decode", chunk, _Ready(self._decode_impl(kvs, tokens, positions)), fed=tokens)
+                    steps = self._decode_impl(kvs, tokens, positions)
+                    launch = Launch("decode", chunk, _Ready(steps), fed=list[int | None](tokens))
                 for generation in chunk:
                     generation.device_length += 1
                     generation.launched_tokens += 1

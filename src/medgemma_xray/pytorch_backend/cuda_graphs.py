@@ -14,6 +14,8 @@ serves, whichever this GPU runs faster. `choices` records what each bucket runs 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -24,7 +26,7 @@ class DecodeGraphs:
         step,
         buckets: tuple[int, ...],
         device: torch.device,
-        alternatives: dict[str, object] | None = None,
+        alternatives: dict[str, Any] | None = None,
         name: str = "step",
     ) -> None:
         self.decoder = decoder

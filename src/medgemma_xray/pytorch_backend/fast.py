@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from medgemma_xray.inference_api.contract import DEFAULT_IMAGE_CACHE_GIB, Prompt, TokenStep
@@ -108,7 +108,7 @@ class FastTorchInference(TorchInference):
         self._warmed = False
         self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), self.image_cache._size_of)
         self.prefix_cache = PrefixBlockCache(prefix_pages, PREFIX_BLOCK_TOKENS, release=self.pages.release)
-        self.startup: dict[str, float | str] = {"load_s": round(self.load_s, 2)}
+        self.startup: dict[str, Any] = {"load_s": round(self.load_s, 2)}
         logger.info(
             "fast path: %d rows of up to %d tokens on %d KV pages of %d tokens (%.2f GiB; prefix cache up to %d), "
             "compile=%s, CUDA graphs=%s",
@@ -284,7 +284,8 @@ class FastTorchInference(TorchInference):
         if len(items) == 1 and self._prefill_graphs is not None:
             kv, prompt, start, end, want_token = items[0]
             if start == 0 and want_token and self._prefill_graphs.bucket_for(end) is not None:
-                return Readback(*self._prefill_bucketed(kv, prompt, end), [0])
+                ids, logprobs = self._prefill_bucketed(kv, prompt, end)
+                return Readback(ids, logprobs, [0])
         wanted = [index for index, item in enumerate(items) if item[4]]
         with torch.inference_mode():
             result = self._run_packed(items, wanted)
@@ -293,7 +294,8 @@ class FastTorchInference(TorchInference):
         index: list[int | None] = [None] * len(items)
         for row, item in enumerate(wanted):
             index[item] = row
-        return Readback(*result, index)
+        ids, logprobs = result
+        return Readback(ids, logprobs, index)
 
     def _prefill_bucketed(self, kv: SequenceKV, prompt: Prompt, end: int):
         torch = self._torch
@@ -405,7 +407,7 @@ class FastTorchInference(TorchInference):
             from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
             started = time.perf_counter()
-            alternatives = None
+            alternatives: dict[str, Any] | None = None
             if self.weights != "bf16":  # each bucket runs the faster of the 8-bit step and the bf16 step
                 alternatives = {"bf16": self.decoder.decode}
             self._graphs = DecodeGraphs(

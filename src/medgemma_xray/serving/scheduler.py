@@ -324,9 +324,11 @@ class Scheduler:
             for ticket, _ in failed:
                 self._end(ticket, batch_error)
         else:
-            for ticket, exc in failed:
-                logger.warning("a prompt failed its prefill alone: %s: %s", type(exc).__name__, one_line(exc))
-                self._end(ticket, _prompt_error(exc))
+            for ticket, own_error in failed:
+                logger.warning(
+                    "a prompt failed its prefill alone: %s: %s", type(own_error).__name__, one_line(own_error)
+                )
+                self._end(ticket, _prompt_error(own_error))
         dropped = {id(ticket) for ticket, _ in failed}
         self._prefilling = [ticket for ticket in self._prefilling if id(ticket) not in dropped]
         return launches
