@@ -154,7 +154,10 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
                 + [int(x) for x in f"{args.teaching_students},{args.class_students}".split(",") if x]
             ),
             queue_size=10_000,
-            max_resident_conversations=4,
+            # every student's case stays resident between turns (a follow-up then prefills only its new tokens)
+            max_resident_conversations=max(
+                [4] + [int(x) for x in f"{args.teaching_students},{args.class_students}".split(",") if x]
+            ),
             max_sequence=args.max_sequence,
             request_timeout_s=7200,
             breaker_timeout_s=7200,
