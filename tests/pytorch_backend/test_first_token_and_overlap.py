@@ -140,3 +140,26 @@ def test_a_film_preprocessed_on_arrival_is_not_preprocessed_again(quick, films):
         scheduler.close(timeout_s=30)
         quick.pixel_values = original
     assert reference
+
+
+def test_films_preprocessed_on_arrival_are_not_preprocessed_again_in_a_vision_batch(quick, films):
+    """A class arriving at once: the loop's vision batch takes every film's pixels from the pixel cache (they were
+    made on the submitting threads), not from the processor on the loop's thread; the features are the same."""
+    fresh = [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in (90, 91)]
+    requests = [GenerationRequest(film, (ChatTurn("user", "Findings?"),), max_new_tokens=3) for film in fresh]
+    generations = [quick.start(request) for request in requests]
+    for generation, film in zip(generations, fresh, strict=True):
+        quick.preprocess_film(film, generation.prompt.image_key)
+    calls = []
+    original = quick.pixel_values
+    quick.pixel_values = lambda images: calls.append(len(images)) or original(images)
+    try:
+        quick.prepare_images(generations)  # one vision batch of both films
+    finally:
+        quick.pixel_values = original
+        for generation in generations:
+            quick.finish(generation, cancelled=True)
+    assert calls == []
+    expected = quick.image_features(fresh)
+    produced = [generation.prompt.features.float().numpy() for generation in generations]
+    assert np.allclose(np.stack(produced), expected, atol=1e-5)

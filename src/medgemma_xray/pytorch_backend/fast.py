@@ -219,13 +219,18 @@ class FastTorchInference(TorchInference):
         return key
 
     def _pixels(self, prompts: list[Prompt]):
-        """The films' pixels: from the pixel cache for one film preprocessed earlier, else computed now."""
-        if len(prompts) == 1:
-            cached = self.pixel_cache.get(prompts[0].image_key)
-            if cached is not None:
-                return cached
-        with _nvtx(self, "preprocess"):
-            return self.pixel_values([prompt.image for prompt in prompts])
+        """The films' pixels: each from the pixel cache where it was preprocessed earlier (off the loop), the rest
+        computed now, in one call."""
+        cached = [self.pixel_cache.get(prompt.image_key) for prompt in prompts]
+        missing = [prompt for prompt, pixels in zip(prompts, cached, strict=True) if pixels is None]
+        computed = iter(())
+        if missing:
+            with _nvtx(self, "preprocess"):
+                computed = iter(self.pixel_values([prompt.image for prompt in missing]))
+        if len(prompts) == 1 and cached[0] is not None:
+            return cached[0]
+        rows = [pixels if pixels is not None else next(computed)[None] for pixels in cached]
+        return rows[0] if len(rows) == 1 else self._torch.cat(rows)
 
     def _vision(self, pixels):
         """Features of the films in `pixels`: one film through the compiled (and, with CUDA graphs, captured)
