@@ -264,9 +264,8 @@ class Scheduler:
         profile["admit_s"] += admitted - began
         launches: list[Launch] = []
         if self._prefilling:
-            budget = max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
             profile["prefill_prompts"] += len(self._prefilling)
-            launches.extend(self._launch_prefill(budget))
+            launches.extend(self._launch_prefill(self._prefill_budget()))
             ready = [t for t in self._prefilling if t.started.device_ready or t.started.done]
             self._prefilling = [t for t in self._prefilling if not (t.started.device_ready or t.started.done)]
             self._active.extend(ready)
@@ -280,21 +279,30 @@ class Scheduler:
         previous, self._in_flight = self._in_flight, launches
         if launches:
             profile["launches_read_late"] += len(previous)
-        for launch in previous:  # the device is busy with this turn's launches meanwhile
-            self.backend.complete(launch)
-        waited = clock()
-        profile["wait_s"] += waited - launched
         if not self.backend.overlaps:
-            for launch in launches:  # complete already: nothing waits
-                self.backend.complete(launch)
-        still = []
-        for ticket in self._active:
-            self._emit(ticket)
-            if not ticket.started.done:
-                still.append(ticket)
-        self._active = still
-        profile["emit_s"] += clock() - waited
+            previous = [*previous, *launches]  # complete already: nothing waits
+        waited = emitted = 0.0
+        for launch in previous:  # the device is busy with this turn's launches meanwhile
+            began_wait = clock()
+            self.backend.complete(launch)
+            began_emit = clock()
+            waited += began_emit - began_wait
+            for ticket in self._tickets_of(launch):  # each launch's tokens go out as soon as they are read
+                self._emit(ticket)
+            self._active = [ticket for ticket in self._active if not ticket.started.done]  # emitted once
+            emitted += clock() - began_emit
+        profile["wait_s"] += waited
+        profile["emit_s"] += emitted
         profile["turns"] += 1
+
+    def _tickets_of(self, launch: Launch) -> list[Ticket]:
+        """The running tickets whose generations a launch served (ended ones were emitted and dropped already)."""
+        served = {id(generation) for generation in launch.generations}
+        return [ticket for ticket in self._active if id(ticket.started) in served]
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this turn may prefill: the step's budget less one decode token per running answer."""
+        return max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
 
     def _launch_prefill(self, budget: int) -> list[Launch]:
         """One packed launch for every waiting prompt. When it raises, each prompt is tried alone, so a prompt that
@@ -334,12 +342,17 @@ class Scheduler:
         return launches
 
     def _admit_waiting(self) -> None:
-        admitted: list[Ticket] = []
-        with self._cond:
-            while self._waiting and self.running + len(admitted) < self.max_active:
-                admitted.append(self._waiting.popleft())
+        """Start waiting answers while this turn's prefill budget has room for their prompts (vLLM admits a request
+        only when its tokens fit the step), so the films admitted in one turn are those whose prefill starts in it:
+        a class arriving at once has its vision tower work spread over turns, beside the running decodes, instead
+        of all of it in one long turn that stalls every stream."""
+        room = self._prefill_budget() - sum(len(t.started.prompt.ids) - t.started.prefilled for t in self._prefilling)
         started = []
-        for ticket in admitted:
+        while room > 0:
+            with self._cond:
+                if not self._waiting or self.running + len(started) >= self.max_active:
+                    break
+                ticket = self._waiting.popleft()
             if ticket.cancelled:
                 ticket.stats.finish_reason = "cancelled"
                 self._outbox.put((ticket, [], False, True, None))
@@ -355,6 +368,7 @@ class Scheduler:
             generation.defer_text = True
             ticket._admit(generation)
             started.append(ticket)
+            room -= len(generation.prompt.ids) - generation.prefilled
         if started:
             try:
                 self.backend.prepare_images([ticket.started for ticket in started])
