@@ -287,9 +287,13 @@ class Scheduler:
             self.backend.complete(launch)
             began_emit = clock()
             waited += began_emit - began_wait
+            ended = set()
             for ticket in self._tickets_of(launch):  # each launch's tokens go out as soon as they are read
                 self._emit(ticket)
-            self._active = [ticket for ticket in self._active if not ticket.started.done]  # emitted once
+                if ticket.started.done:
+                    ended.add(id(ticket))
+            if ended:  # only what was just emitted: an answer that ended in a later launch is emitted with it
+                self._active = [ticket for ticket in self._active if id(ticket) not in ended]
             emitted += clock() - began_emit
         profile["wait_s"] += waited
         profile["emit_s"] += emitted
