@@ -52,7 +52,7 @@ def rows(mode: dict) -> list[tuple[str, str, float | None, str]]:
     )
     for users, target in ((16, "≥ 4,000 bf16 / ≥ 5,000 int8; ≤ 4 ms/token"), (48, "–"), (64, "≥ 8,000; p99 ≤ 500")):
         level = _level(mode, "concurrency", "users", users) or {}
-        busy = _get(level, "gpu_busy", "busy_fraction_of_window")
+        busy = _get(level, "gpu_busy", "busy_fraction") or _get(level, "gpu_busy", "busy_fraction_of_span")
         out.append(
             (
                 f"{users} users: tokens/s, per-stream ms/token, TTFT p99 ms, GPU busy",
@@ -74,7 +74,7 @@ def rows(mode: dict) -> list[tuple[str, str, float | None, str]]:
     for key, label in (("teaching_round", "own films"), ("class_on_one_film", "one film")):
         for record in mode.get(key) or []:
             students = record.get("students")
-            busy = _get(record, "gpu_busy", "busy_fraction_of_window")
+            busy = _get(record, "gpu_busy", "busy_fraction") or _get(record, "gpu_busy", "busy_fraction_of_span")
             first = record.get("first_answer_ttft_ms") or {}
             follow = record.get("follow_up_ttft_ms") or {}
             target = {48: "first p95 ≤ 300, follow-up p95 ≤ 100, ≤ 6 ms/token"}.get(students, "–")

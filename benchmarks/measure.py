@@ -87,48 +87,24 @@ def single_stream(service, image, requests: int, max_new_tokens: int, progress: 
 
 
 class GpuBusyProbe:
-    """The share of one busy second the GPU spends running kernels, read from a CUDA profile (CUPTI records every
-    thread's kernels): the union of kernel intervals over the profiled window. `measure()` runs on the calling
-    thread (the profiler must start and stop on the thread that made it) while the load's threads run: it waits
-    delay_s, profiles window_s, and returns the figures. Nothing on CPU."""
+    """The share of one busy second the GPU spends on the serving backend's launches (prefill, decode, vision),
+    from device events around each launch (pytorch_backend/busy_timer.py: a CUDA profile stalled the loop for
+    seconds when it stopped). `measure()` runs on the calling thread while the load's threads run: it waits
+    delay_s, times window_s, and returns the figures; None where the backend has no timer (CPU, other backends)."""
 
-    def __init__(self, delay_s: float = 0.5, window_s: float = 1.0) -> None:
+    def __init__(self, service, delay_s: float = 0.5, window_s: float = 1.0) -> None:
         self.delay_s, self.window_s = delay_s, window_s
+        self.timer = getattr(getattr(getattr(service, "_current", None), "backend", None), "busy_timer", None)
 
     def measure(self) -> dict | None:
         import torch
 
-        if not torch.cuda.is_available():
+        if self.timer is None or not torch.cuda.is_available():
             return None
-        from torch.profiler import ProfilerActivity, profile
-
         time.sleep(self.delay_s)
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                time.sleep(self.window_s)
-            intervals = sorted(
-                (event.time_range.start, event.time_range.end)
-                for event in prof.events()
-                if event.device_type == torch.autograd.DeviceType.CUDA and event.time_range.end > event.time_range.start
-            )
-        except Exception as exc:  # reported beside the figures, never fatal to the benchmark
-            return {"error": f"{type(exc).__name__}: {exc}"[:200]}
-        busy, end = 0.0, None
-        for start, stop in intervals:
-            if end is None or start > end:
-                busy += stop - start
-                end = stop
-            elif stop > end:
-                busy += stop - end
-                end = stop
-        span = (intervals[-1][1] - intervals[0][0]) if intervals else 0.0
-        return {
-            "kernels": len(intervals),
-            "busy_ms": busy / 1e3,
-            "span_ms": span / 1e3,
-            "busy_fraction_of_span": busy / span if span else None,
-            "busy_fraction_of_window": busy / (self.window_s * 1e6),
-        }
+        self.timer.start()
+        time.sleep(self.window_s)
+        return self.timer.stop()
 
 
 def concurrency(
@@ -161,7 +137,7 @@ def concurrency(
     threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
     for thread in threads:
         thread.start()
-    busy = GpuBusyProbe(delay_s=0.3, window_s=1.0).measure() if busy_probe else None
+    busy = GpuBusyProbe(service, delay_s=0.3, window_s=1.0).measure() if busy_probe else None
     for thread in threads:
         thread.join()
     wall = max(finished, default=time.perf_counter()) - started  # the load's own time, not the probe's
@@ -369,7 +345,7 @@ def teaching_round(
     outcome: list[tuple[float, list[str]]] = []
     runner = threading.Thread(target=lambda: outcome.append(_run_students(len(images), spread_s, student)))
     runner.start()
-    busy = GpuBusyProbe(delay_s=spread_s * 0.8, window_s=1.0).measure() if busy_probe else None
+    busy = GpuBusyProbe(service, delay_s=spread_s * 0.8, window_s=1.0).measure() if busy_probe else None
     runner.join()
     wall, failures = outcome[0]
     return {

@@ -87,6 +87,9 @@ class FastTorchInference(TorchInference):
         torch = self._torch
         self._tables = torch.full((slots + 1, self.decoder.max_pages), self.decoder.dummy_page, dtype=torch.int32)
         self._dirty_rows: set[int] = set()
+        from medgemma_xray.pytorch_backend.busy_timer import BusyTimer
+
+        self.busy_timer = BusyTimer()  # the benchmark's GPU-busy share: device events around each launch
         self.max_batch = max(b for b in batch_buckets if b <= slots) if slots >= 1 else 1
         self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
         self._step = self.decoder.decode
@@ -267,7 +270,8 @@ class FastTorchInference(TorchInference):
         self._vision_graph = (graph, static_pixels, features)
 
     def _prepare_images_impl(self, prompts: list[Prompt]) -> None:
-        features = self._vision(self._pixels(prompts))
+        with self.busy_timer.around():
+            features = self._vision(self._pixels(prompts))
         for prompt, row in zip(prompts, features, strict=True):
             # Own memory per film: the image cache keeps rows, and a view would pin the whole batch.
             prompt.features = row if features.shape[0] == 1 else row.clone()
@@ -282,6 +286,10 @@ class FastTorchInference(TorchInference):
         """Every chunk in one packed forward (one attention kernel per layer for all of them); a new
         conversation's whole prompt alone, when it fits a bucket, through the bucket's captured graph instead.
         Each last chunk's first token stays in its row's device state; the host reads it from the Readback."""
+        with self.busy_timer.around():
+            return self._queue_prefill(items)
+
+    def _queue_prefill(self, items: list) -> Readback:
         torch = self._torch
         for kv, _, _, end, _ in items:
             self._ensure_pages(kv, end)
@@ -364,7 +372,7 @@ class FastTorchInference(TorchInference):
         self._flush_tables()
         rows = [kv.row for kv in kvs]
         torch = self._torch
-        with _nvtx(self, "decode"), torch.inference_mode():
+        with _nvtx(self, "decode"), torch.inference_mode(), self.busy_timer.around():
             if self._graphs is not None:
                 ids, logprobs = self._graphs.run(rows)
             else:

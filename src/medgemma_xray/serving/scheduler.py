@@ -351,7 +351,7 @@ class Scheduler:
         a class arriving at once has its vision tower work spread over turns, beside the running decodes, instead
         of all of it in one long turn that stalls every stream."""
         room = self._prefill_budget() - sum(len(t.started.prompt.ids) - t.started.prefilled for t in self._prefilling)
-        started = []
+        started: list[Ticket] = []
         while room > 0:
             with self._cond:
                 if not self._waiting or self.running + len(started) >= self.max_active:
