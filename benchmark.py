@@ -65,12 +65,20 @@ def parse_args(argv):
     parser.add_argument("--report-users", type=int, default=16)
     parser.add_argument(
         "--teaching-students",
-        type=int,
-        default=0,
-        help="a teaching round: each student on their own film, a long first question and 3 follow-ups with 1 s "
-        "pauses, arrivals spread over 4 s (0: off)",
+        default="",
+        help="comma-separated class sizes for a teaching round: arrivals spread over 3 s, a long first question "
+        "then 3 follow-ups with 0.5-2 s pauses, each student on their own film (empty: off)",
     )
-    parser.add_argument("--class-students", type=int, default=0, help="a class on one film (0: off)")
+    parser.add_argument(
+        "--class-students",
+        default="",
+        help="comma-separated class sizes for the same round with the whole class on one film (empty: off)",
+    )
+    parser.add_argument(
+        "--busy-users",
+        default="16,48",
+        help="concurrency levels (and class sizes) whose busy second is profiled for GPU-busy %% (CUDA only)",
+    )
     parser.add_argument("--max-sequence", type=int, default=2048, help="static KV cache length of the fast path")
     parser.add_argument(
         "--task-phantoms",
@@ -141,9 +149,15 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             model_path=Path(models.name),
             device=device,
             engine_path=args.engine_path,
-            generation_concurrency=max([*levels, args.report_users, 1]),
+            generation_concurrency=max(
+                [*levels, args.report_users, 1]
+                + [int(x) for x in f"{args.teaching_students},{args.class_students}".split(",") if x]
+            ),
             queue_size=10_000,
-            max_resident_conversations=4,
+            # every student's case stays resident between turns (a follow-up then prefills only its new tokens)
+            max_resident_conversations=max(
+                [4] + [int(x) for x in f"{args.teaching_students},{args.class_students}".split(",") if x]
+            ),
             max_sequence=args.max_sequence,
             request_timeout_s=7200,
             breaker_timeout_s=7200,
@@ -168,10 +182,19 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
         bar.set_description(f"{mode}: single user")
         record["single_stream"] = measure.single_stream(service, image, requests, args.answer_tokens, bar.update)
         record["concurrency"] = []
+        busy = {int(x) for x in args.busy_users.split(",") if x}
         for users in levels:
             bar.set_description(f"{mode}: {users} users")
             record["concurrency"].append(
-                measure.concurrency(service, image, users, args.answers_per_user, args.answer_tokens, bar.update)
+                measure.concurrency(
+                    service,
+                    image,
+                    users,
+                    max(args.answers_per_user, 3) if users in busy else args.answers_per_user,  # a busy second's load
+                    args.answer_tokens,
+                    bar.update,
+                    users in busy,
+                )
             )
         bar.set_description(f"{mode}: conversation")
         record["conversation"] = [
@@ -183,16 +206,25 @@ def run_mode(mode: str, models: Models, args, device: str, bar) -> dict:
             record["film_batch"] = measure.film_batch(
                 service, workload.films(films), args.report_users, args.report_tokens, bar.update
             )
-        if args.teaching_students:
-            bar.set_description(f"{mode}: teaching round")
-            record["teaching_round"] = measure.teaching_round(
-                service, workload.film_variants(args.teaching_students, seed=3), args.answer_tokens, 3, 1.0, 4.0
-            )
-        if args.class_students:
-            bar.set_description(f"{mode}: class on one film")
-            record["class_on_one_film"] = measure.class_on_one_film(
-                service, workload.film_variants(1, seed=4)[0], args.class_students, args.answer_tokens, 2.0
-            )
+        for key, sizes in (("teaching_round", args.teaching_students), ("class_on_one_film", args.class_students)):
+            for students in [int(x) for x in sizes.split(",") if x]:
+                bar.set_description(f"{mode}: {key} of {students}")
+                if key == "teaching_round":
+                    images = workload.film_variants(students, seed=3)
+                else:
+                    images = [workload.film_variants(1, seed=4 + students)[0]] * students
+                record.setdefault(key, []).append(
+                    measure.teaching_round(
+                        service,
+                        images,
+                        args.answer_tokens,
+                        3,
+                        (0.5, 2.0),
+                        3.0,
+                        seed=students,
+                        busy_probe=students in busy,
+                    )
+                )
         if args.task_phantoms:
             bar.set_description(f"{mode}: task accuracy")
             record["task_accuracy"] = task_accuracy(service, args.task_phantoms, args.task_seed)

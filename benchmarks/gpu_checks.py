@@ -72,12 +72,13 @@ def kernel_check(device, dtype) -> dict:
     results = {}
     for window in (0, 1024):
         q = torch.randn(16, 8, 256, device=device, dtype=dtype)
-        k = torch.randn(20, 4, 2048, 256, device=device, dtype=dtype)
-        v = torch.randn(20, 4, 2048, 256, device=device, dtype=dtype)
-        slots = torch.randperm(20, device=device)[:16]
+        k = torch.randn(20 * 128 + 1, 16, 4, 256, device=device, dtype=dtype)  # pages of 16 positions
+        v = torch.randn(20 * 128 + 1, 16, 4, 256, device=device, dtype=dtype)
+        tables = torch.randperm(20 * 128, device=device).view(20, 128).to(torch.int32)
+        rows = torch.randperm(20, device=device)[:16]
         lengths = torch.randint(1, 2048, (16,), device=device)
-        expected = reference_decode_attention(q, k, v, slots, lengths, window, 1 / 16)
-        produced = triton_decode_attention(q, k, v, slots, lengths, window, 1 / 16)
+        expected = reference_decode_attention(q, k, v, tables, rows, lengths, window, 1 / 16)
+        produced = triton_decode_attention(q, k, v, tables, rows, lengths, window, 1 / 16)
         error = ((produced.float() - expected.float()).norm() / expected.float().norm()).item()
         results[f"window_{window}_relative_error"] = error
     return results
@@ -88,20 +89,18 @@ def time_steps(step, decoder, batches, repeats: int = 50) -> dict:
 
     from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(step, batches, decoder.dummy_slot, torch.device("cuda"))
+    graphs = DecodeGraphs(decoder, step, batches, torch.device("cuda"))
     figures = {}
     for batch in batches:
-        tokens = list(range(100, 100 + batch))
-        positions = [300 + i for i in range(batch)]
-        slots = list(range(batch))
+        rows = list(range(batch))  # their block tables name the dummy page: timing only
         for _ in range(5):
-            graphs.run(tokens, positions, slots)
+            graphs.run(rows)
         torch.cuda.synchronize()
         times = []
         for _ in range(repeats):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            graphs.run(tokens, positions, slots)
+            graphs.run(rows)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end))
@@ -113,14 +112,14 @@ def uncompiled_decode(decoder):
     """The same step with the class's own (uncompiled) layer and sample functions, for the eager-vs-compiled row."""
     import types
 
-    from medgemma_xray.pytorch_backend.static_decoder import StaticGemmaDecoder
+    from medgemma_xray.pytorch_backend.paged_decoder import PagedGemmaDecoder
 
-    def decode(tokens, positions, slots):
+    def decode(tokens, positions, rows):
         saved = decoder.layer_step, decoder.sample
-        decoder.layer_step = types.MethodType(StaticGemmaDecoder.layer_step, decoder)
-        decoder.sample = types.MethodType(StaticGemmaDecoder.sample, decoder)
+        decoder.layer_step = types.MethodType(PagedGemmaDecoder.layer_step, decoder)
+        decoder.sample = types.MethodType(PagedGemmaDecoder.sample, decoder)
         try:
-            return StaticGemmaDecoder.decode(decoder, tokens, positions, slots)
+            return PagedGemmaDecoder.decode(decoder, tokens, positions, rows)
         finally:
             decoder.layer_step, decoder.sample = saved
 
@@ -133,8 +132,8 @@ def profile_step(step, decoder) -> list:
 
     from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(step, (1,), decoder.dummy_slot, torch.device("cuda"))
-    graphs.run([100], [300], [0])
+    graphs = DecodeGraphs(decoder, step, (1,), torch.device("cuda"))
+    graphs.run([0])
     torch.cuda.synchronize()
     # Replay without the graph so the profiler sees each kernel (a replayed graph is one opaque launch).
     tokens = torch.tensor([100], device="cuda")

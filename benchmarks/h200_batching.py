@@ -357,7 +357,7 @@ def diagnose(run, service, films) -> None:
             teaching,
             128,
             3,
-            1.0,
+            (1.0, 1.0),
             4.0,
         )
     sys.setswitchinterval(0.005)
@@ -428,7 +428,7 @@ def main(argv=None) -> int:
             films[50 : 50 + students] if not quick else films[:4],
             64 if quick else 128,
             3,
-            1.0,
+            (1.0, 1.0),
             4.0,
         )
         run.phase("class_on_one_film", measure.class_on_one_film, service, films[-1], students, 128, 2.0)

@@ -86,11 +86,37 @@ def single_stream(service, image, requests: int, max_new_tokens: int, progress: 
     }
 
 
-def concurrency(service, image, users: int, answers_each: int, max_new_tokens: int, progress) -> dict:
-    """`users` threads asking without pause: aggregate throughput, per-stream speed, TTFT, and failures."""
+class GpuBusyProbe:
+    """The share of one busy second the GPU spends on the serving backend's launches (prefill, decode, vision),
+    from device events around each launch (pytorch_backend/busy_timer.py: a CUDA profile stalled the loop for
+    seconds when it stopped). `measure()` runs on the calling thread while the load's threads run: it waits
+    delay_s, times window_s, and returns the figures; None where the backend has no timer (CPU, other backends)."""
+
+    def __init__(self, service, delay_s: float = 0.5, window_s: float = 1.0) -> None:
+        self.delay_s, self.window_s = delay_s, window_s
+        self.timer = getattr(getattr(getattr(service, "_current", None), "backend", None), "busy_timer", None)
+
+    def measure(self) -> dict | None:
+        import torch
+
+        if self.timer is None or not torch.cuda.is_available():
+            return None
+        time.sleep(self.delay_s)
+        self.timer.start()
+        time.sleep(self.window_s)
+        return self.timer.stop()
+
+
+def concurrency(
+    service, image, users: int, answers_each: int, max_new_tokens: int, progress, busy_probe: bool = False
+) -> dict:
+    """`users` threads asking without pause: aggregate throughput, per-stream speed, TTFT, and failures; with
+    busy_probe, the GPU-busy share of one busy second (GpuBusyProbe) and the loop's time split over that run."""
     answers: list[Answer] = []
     failures: list[str] = []
     lock = threading.Lock()
+
+    finished: list[float] = []
 
     def user() -> None:
         for _ in range(answers_each):
@@ -103,16 +129,25 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
             with lock:
                 answers.append(answer)
             progress()
+        with lock:
+            finished.append(time.perf_counter())
 
+    loop_before = _turn_profile(service)
     started = time.perf_counter()
     threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
     for thread in threads:
         thread.start()
+    busy = GpuBusyProbe(service, delay_s=0.3, window_s=1.0).measure() if busy_probe else None
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - started
+    wall = max(finished, default=time.perf_counter()) - started  # the load's own time, not the probe's
     tokens = sum(a.tokens for a in answers)
+    extra = {}
+    if busy_probe:
+        extra["gpu_busy"] = busy
+        extra["loop_profile"] = _profile_delta(loop_before, _turn_profile(service))
     return {
+        **extra,
         "users": users,
         "answers": len(answers),
         "failures": len(failures),
@@ -126,6 +161,24 @@ def concurrency(service, image, users: int, answers_each: int, max_new_tokens: i
         "ttft_ms": _scaled(percentiles([a.ttft_s for a in answers]), 1e3),
         "ttft_from_admission_ms": _scaled(percentiles(_admitted(answers)), 1e3),
     }
+
+
+def _turn_profile(service) -> dict | None:
+    """The serving scheduler's cumulative loop-time split (Scheduler.turn_profile), where the service has one."""
+    scheduler = getattr(getattr(service, "_current", None), "scheduler", None)
+    return scheduler.turn_profile() if scheduler is not None else None
+
+
+def _profile_delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    turns = delta.get("turns") or 0
+    if turns:
+        delta["ms_per_turn"] = {
+            key[:-2]: 1e3 * value / turns for key, value in delta.items() if key.endswith("_s") and key != "ms_per_turn"
+        }
+    return delta
 
 
 def _admitted(answers: list[Answer]) -> list[float]:
@@ -252,14 +305,27 @@ def _run_students(students: int, spread_s: float, student) -> tuple[float, list[
 
 
 def teaching_round(
-    service, images: list, max_new_tokens: int, follow_ups: int, pause_s: float, spread_s: float
+    service,
+    images: list,
+    max_new_tokens: int,
+    follow_ups: int,
+    pause_s: tuple[float, float],
+    spread_s: float,
+    seed: int = 0,
+    busy_probe: bool = False,
 ) -> dict:
-    """Each student has their own film (images[i]) and one case: the long first question, then `follow_ups` short
-    ones, pausing pause_s between an answer and the next question; students arrive spread over spread_s."""
+    """Each student has a film (images[i]; the same object for every student: a class on one film) and one case:
+    the long first question, then `follow_ups` short ones, pausing a uniformly drawn pause_s = (low, high) seconds
+    between an answer and the next question; students arrive evenly spread over spread_s. The pauses are drawn from
+    `seed`, so every mode waits the same."""
+    import random
+
     firsts: list[Answer] = []
     laters: list[Answer] = []
     lock = threading.Lock()
     before = service.cache_stats()
+    draw = random.Random(seed)
+    pauses = [[draw.uniform(*pause_s) for _ in range(follow_ups)] for _ in images]
 
     def student(index: int) -> None:
         case = uuid.uuid4().hex
@@ -267,7 +333,7 @@ def teaching_round(
         questions = [workload.QUESTION, *workload.TEACHING_FOLLOW_UPS[:follow_ups]]
         for turn, question in enumerate(questions):
             if turn:
-                time.sleep(pause_s)
+                time.sleep(pauses[index][turn - 1])
             request = workload.conversation_request(images[index], history, question, max_new_tokens, case)
             answer, text = ask(service, request)
             history.append((question, text))
@@ -275,12 +341,21 @@ def teaching_round(
                 (firsts if turn == 0 else laters).append(answer)
         service.forget_conversation(case)
 
-    wall, failures = _run_students(len(images), spread_s, student)
+    loop_before = _turn_profile(service)
+    outcome: list[tuple[float, list[str]]] = []
+    runner = threading.Thread(target=lambda: outcome.append(_run_students(len(images), spread_s, student)))
+    runner.start()
+    busy = GpuBusyProbe(service, delay_s=spread_s * 0.8, window_s=1.0).measure() if busy_probe else None
+    runner.join()
+    wall, failures = outcome[0]
     return {
+        "gpu_busy": busy,
+        "loop_profile": _profile_delta(loop_before, _turn_profile(service)),
         "students": len(images),
+        "one_film": len({id(image) for image in images}) == 1,
         "answer_tokens": max_new_tokens,
         "follow_ups": follow_ups,
-        "pause_s": pause_s,
+        "pause_s": list(pause_s),
         "arrivals_spread_s": spread_s,
         "wall_s": wall,
         "failures": len(failures),

@@ -152,15 +152,15 @@ def graph_step_ms(step, decoder, repeats: int = 50):
 
     from medgemma_xray.pytorch_backend.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(step, (1,), decoder.dummy_slot, torch.device("cuda"))
+    graphs = DecodeGraphs(decoder, step, (1,), torch.device("cuda"))
     for _ in range(3):
-        graphs.run([100], [300], [0])
+        graphs.run([0])
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graphs.run([100], [300], [0])
+        graphs.run([0])
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
@@ -491,7 +491,8 @@ def main() -> int:
 
     def contract_parts() -> dict[str, float]:
         """What the contract does around the model in a first token, each timed alone on the host: the film's
-        content hash, the chat template and tokenizer, the prefix pool's copy of the prompt's blocks (synced)."""
+        content hash, the chat template and tokenizer. (The prefix pool's copy is gone: pages are shared by
+        reference.)"""
         from medgemma_xray.inference_api.shared_caches import image_content_hash
 
         film = fresh_films(1, next(seeds))[0]
@@ -499,18 +500,9 @@ def main() -> int:
         t0 = time.perf_counter()
         image_content_hash(film)
         t1 = time.perf_counter()
-        prompt = fast._encode_impl(request)
+        fast._encode_impl(request)
         t2 = time.perf_counter()
-        kv = fast._allocate_impl()
-        blocks = len(prompt.ids) // fast.prefix_cache.block_tokens
-        torch.cuda.synchronize()
-        t3 = time.perf_counter()
-        fast._save_prefix_impl(kv, [(i, i) for i in range(blocks)])
-        torch.cuda.synchronize()
-        t4 = time.perf_counter()
-        fast._free_impl(kv)
-        fast.prefix_cache.clear()  # the copy above overwrote pool blocks the cache lent: forget them all
-        return {"hash_ms": (t1 - t0) * 1e3, "encode_ms": (t2 - t1) * 1e3, "save_prefix_ms": (t4 - t3) * 1e3}
+        return {"hash_ms": (t1 - t0) * 1e3, "encode_ms": (t2 - t1) * 1e3}
 
     def medians(rows: list[dict]) -> dict:
         return {key: statistics.median(row[key] for row in rows[1:]) for key in rows[0]}  # the first warms
@@ -572,36 +564,35 @@ def main() -> int:
     section("service_ttft", 20, service_ttft)
 
     def gaps() -> dict:
-        """Batch 1, 64 tokens through the contract's step loop, profiled: GPU idle between steps, with the next
-        step queued before the host reads this one (pipelined) and without."""
+        """Batch 1, 64 tokens, profiled: GPU idle between steps, through the scheduler (each step queued before the
+        host reads the one before) and step by step (each read before the next is queued)."""
         from torch.profiler import ProfilerActivity, profile
+
+        from medgemma_xray.serving.scheduler import Scheduler
 
         use(current_graphs)
         table = {}
-        pipeline = fast._pipeline
-        for label, queued in (("pipelined", pipeline), ("one_at_a_time", None)):
-            fast._pipeline = queued
+        for label in ("scheduler_overlap", "step_by_step"):
             request = ttft_request(fresh_films(1, next(seeds))[0], tokens=args.tokens)
             request = GenerationRequest(request.image, request.turns, max_new_tokens=args.tokens)
-            generation = fast.start(request)
-            fast.prepare_images([generation])
-            while not fast.prefill(generation):
-                pass
+            stats = GenerationStats()
             torch.cuda.synchronize()
-            steps_run = 0
             t0 = time.perf_counter()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                while not generation.done:
-                    fast.step([generation])
-                    steps_run += 1
+                if label == "scheduler_overlap":
+                    scheduler = Scheduler(fast, max_active=1, max_waiting=1)
+                    try:
+                        "".join(scheduler.submit(request, stats).deltas(600, 600))
+                    finally:
+                        scheduler.close(60)
+                else:
+                    fast.generate(request, stats)
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t0
-            fast.finish(generation, cancelled=True)
             table[label] = timeline_gaps(_trace_kernels(prof)) | {
-                "steps": steps_run,
-                "wall_ms_per_step": wall * 1e3 / max(steps_run, 1),
+                "steps": stats.new_tokens,
+                "wall_ms_per_step": wall * 1e3 / max(stats.new_tokens, 1),
             }
-        fast._pipeline = pipeline
         return table
 
     section("gaps", 20, gaps)
@@ -663,7 +654,6 @@ def main() -> int:
 
     section("demo_f1", 40, demo_f1)
     section("gemv", 10, gemv_table)
-    results["pipeline"] = {"hits": fast._pipeline.hits, "misses": fast._pipeline.misses} if fast._pipeline else None
     results["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     save()
     print_table(results)

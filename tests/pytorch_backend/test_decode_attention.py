@@ -1,5 +1,6 @@
-"""Decode attention over the slotted cache: the Triton kernel (run by Triton's interpreter on CPU, in fp32) and the
-torch reference against a plain masked softmax over the whole cache."""
+"""Decode attention over the paged cache: the Triton kernel (run by Triton's interpreter on CPU, in fp32) and the
+torch reference against a plain masked softmax over each sequence's whole cache, laid out one slot per sequence
+(the pages are shuffled, so a read that ignores the block table reads another sequence's keys)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from medgemma_xray.pytorch_backend.decode_attention import reference_decode_attention
 from tests.conftest import REPO_ROOT
+from tests.pytorch_backend.paged_layout import to_pages
 
 
 def masked_softmax_attention(q, k_cache, v_cache, slots, lengths, window, scale):
@@ -27,18 +29,20 @@ def masked_softmax_attention(q, k_cache, v_cache, slots, lengths, window, scale)
     return torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, -1), values)
 
 
-def test_reference_reads_exactly_the_window_of_each_slot():
+def test_reference_reads_exactly_the_window_of_each_sequence():
     torch.manual_seed(1)
     q = torch.randn(3, 8, 16)
     k_cache, v_cache = torch.randn(5, 4, 64, 16), torch.randn(5, 4, 64, 16)
-    slots, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 64, 17])
+    k_pages, v_pages, tables = to_pages(k_cache, v_cache)
+    rows, lengths = torch.tensor([4, 0, 2]), torch.tensor([1, 64, 17])
     for window in (0, 5, 64):
-        expected = masked_softmax_attention(q, k_cache, v_cache, slots, lengths, window, 0.25)
-        produced = reference_decode_attention(q, k_cache, v_cache, slots, lengths, window, 0.25)
+        expected = masked_softmax_attention(q, k_cache, v_cache, rows, lengths, window, 0.25)
+        produced = reference_decode_attention(q, k_pages, v_pages, tables, rows, lengths, window, 0.25)
         assert torch.allclose(produced, expected, atol=1e-5)
     poisoned = k_cache.clone()
-    poisoned[0, :, 10:] = float("nan")  # past slot 0's window: never read
-    out = reference_decode_attention(q, poisoned, v_cache, torch.tensor([0]), torch.tensor([10]), 0, 0.25)
+    poisoned[0, :, 10:] = float("nan")  # past sequence 0's window: never read
+    k_pages, v_pages, tables = to_pages(poisoned, v_cache)
+    out = reference_decode_attention(q[:1], k_pages, v_pages, tables, torch.tensor([0]), torch.tensor([10]), 0, 0.25)
     assert torch.isfinite(out).all()
 
 
@@ -52,15 +56,17 @@ def _patch_index(tensor, scope):  # Triton 3.6's interpreter casts 1-element arr
     scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 interpreter._patch_lang_tensor = _patch_index
 from medgemma_xray.pytorch_backend.decode_attention import reference_decode_attention, triton_decode_attention
+from tests.pytorch_backend.paged_layout import to_pages
 torch.manual_seed(0)
 worst = 0.0
 for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2), (2, 2, 16, 0, 1), (8, 1, 32, 7, 4)):
     q = torch.randn(3, heads, dim)
     k_cache, v_cache = torch.randn(4, kv_heads, 96, dim), torch.randn(4, kv_heads, 96, dim)
     k_cache[:, :, 80:] = float("nan")  # never within any length below: a read would poison the output
-    slots, lengths = torch.tensor([2, 0, 3]), torch.tensor([1, 70, 33])
-    expected = reference_decode_attention(q, k_cache, v_cache, slots, lengths, window, 0.17)
-    produced = triton_decode_attention(q, k_cache, v_cache, slots, lengths, window, 0.17, splits=splits)
+    k_cache, v_cache, tables = to_pages(k_cache, v_cache)
+    rows, lengths = torch.tensor([2, 0, 3]), torch.tensor([1, 70, 33])
+    expected = reference_decode_attention(q, k_cache, v_cache, tables, rows, lengths, window, 0.17)
+    produced = triton_decode_attention(q, k_cache, v_cache, tables, rows, lengths, window, 0.17, splits=splits)
     worst = max(worst, (expected - produced).abs().max().item())
 print("WORST", worst)
 """
@@ -84,16 +90,18 @@ def test_triton_kernels_compile_for_the_h200(write_kv, norm_rope):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from medgemma_xray.pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, _kernels
+    from medgemma_xray.pytorch_backend.decode_attention import BLOCK_H, BLOCK_N, PAGE_TOKENS, _kernels
 
     kernels = _kernels()
     strides = ["q_b", "q_h", "q_d", "nk_b", "nk_h", "nk_d", "nv_b", "nv_h", "nv_d"]
-    strides += ["c_s", "c_h", "c_n", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
+    strides += ["c_p", "c_n", "c_h", "c_d", "p_b", "p_h", "p_s", "p_d", "l_b", "l_h", "l_s"]
     partial = {
         "q": "*bf16",
         "k_cache": "*bf16",
         "v_cache": "*bf16",
-        "slots": "*i64",
+        "block_tables": "*i32",
+        "bt_row": "i32",
+        "rows": "*i64",
         "lengths": "*i64",
         "new_k": "*bf16",
         "new_v": "*bf16",
@@ -110,7 +118,7 @@ def test_triton_kernels_compile_for_the_h200(write_kv, norm_rope):
         "sin_table": "*bf16",
         "cs_n": "i32",
         "eps": "fp32",
-        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H", "WRITE_KV", "NORM_ROPE"), "constexpr"),
+        **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_N", "BLOCK_H", "PAGE", "WRITE_KV", "NORM_ROPE"), "constexpr"),
     }
     merge = {
         "partial": "*fp32",
@@ -120,7 +128,7 @@ def test_triton_kernels_compile_for_the_h200(write_kv, norm_rope):
         **dict.fromkeys(("DIM", "BLOCK_DIM", "BLOCK_S"), "constexpr"),
     }
     target = GPUTarget("cuda", 90, 32)
-    sizes = {"DIM": 256, "BLOCK_DIM": 256, "BLOCK_N": BLOCK_N, "BLOCK_H": BLOCK_H}
+    sizes = {"DIM": 256, "BLOCK_DIM": 256, "BLOCK_N": BLOCK_N, "BLOCK_H": BLOCK_H, "PAGE": PAGE_TOKENS}
     sizes.update(WRITE_KV=write_kv, NORM_ROPE=norm_rope)
     compiled = triton.compile(ASTSource(fn=kernels.partial, signature=partial, constexprs=sizes), target=target)
     assert ".target sm_90" in compiled.asm["ptx"]

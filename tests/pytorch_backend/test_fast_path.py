@@ -83,4 +83,16 @@ def test_follow_ups_reuse_slots_and_evicted_conversations_answer_the_same(eager,
         assert stats.token_ids == run(eager, GenerationRequest(first.image, turns, max_new_tokens=6)).token_ids
     for name in "abc":
         fast.forget(name)
-    assert sorted(fast._free_slots) == [0, 1, 2, 3]  # every slot came back
+    assert sorted(fast._free_rows) == [0, 1, 2, 3]  # every row came back
+
+
+def test_padding_rows_never_move_the_dummy_row_on(fast):
+    """A captured batch pads with the dummy row; replaying it thousands of times must leave that row at a position
+    its block table and rotary tables hold (it once moved one on per replay, past both)."""
+    torch = fast._torch
+    decoder = fast.decoder
+    rows = torch.tensor([decoder.dummy_row] * 3)
+    with torch.inference_mode():
+        for _ in range(3):
+            decoder.advance(decoder.decode, rows)
+    assert int(decoder.row_positions[decoder.dummy_row]) == 0

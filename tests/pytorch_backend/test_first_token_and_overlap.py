@@ -1,8 +1,7 @@
-"""Issue 21's first-token and overlap paths on CPU, against the fast path without them (demo checkpoint, fp32):
-a new conversation's prompt padded to a prefill bucket, the next decode step queued before the host reads this
-one, and the film's pixels preprocessed before the question reaches the loop. On the GPU the first two replay
-captured graphs; here the same padded function and the same queueing bookkeeping run eagerly, so the tokens must
-be the plain path's tokens."""
+"""The first-token paths on CPU, against the fast path without them (demo checkpoint, fp32): a new conversation's
+prompt padded to a prefill bucket, and the film's pixels preprocessed before the question reaches the loop. On the
+GPU the bucket replays a captured graph; here the same padded function runs eagerly, so the tokens must be the
+plain path's tokens. (Steps queued ahead of the host: tests/serving/test_scheduler_overlap.py.)"""
 
 from __future__ import annotations
 
@@ -39,7 +38,6 @@ def quick(plain):
         max_sequence=1024,
         max_resident_conversations=2,
         prefill_buckets=(64, 512, 1024),
-        pipelined=True,
     )
     backend.warm_up()
     return backend
@@ -75,7 +73,7 @@ def test_the_pixel_cache_keeps_the_most_recent_films():
         PixelCache(capacity=-1)
 
 
-def test_bucketed_prefill_and_queued_steps_give_the_plain_paths_tokens(plain, quick, films):
+def test_bucketed_prefill_gives_the_plain_paths_tokens(plain, quick, films):
     prefilled = []
     original = quick.decoder.prefill_static
 
@@ -84,31 +82,25 @@ def test_bucketed_prefill_and_queued_steps_give_the_plain_paths_tokens(plain, qu
         return original(*args)
 
     quick.decoder.prefill_static = counting
-    hits, misses = quick._pipeline.hits, quick._pipeline.misses
-    decode_calls = 0
     try:
         for film, question in zip(films, QUESTIONS, strict=True):
             request = GenerationRequest(film, (ChatTurn("user", question),), max_new_tokens=16)
             reference, produced = run(plain, request), run(quick, request)
             assert produced.token_ids == reference.token_ids
             assert np.allclose(produced.token_logprobs, reference.token_logprobs, atol=1e-4)
-            decode_calls += len(produced.token_ids) - 1 + (produced.finish_reason == "stop")
     finally:
         quick.decoder.prefill_static = original
     assert prefilled and set(prefilled) <= {512}  # each prompt (~290 tokens) padded to its bucket
-    # only each answer's first step was launched when asked; every later one was already queued
-    assert quick._pipeline.misses - misses == 3
-    assert quick._pipeline.hits - hits == decode_calls - 3 > 0
 
 
-def test_queued_steps_survive_batches_that_change_and_slots_that_are_reused(plain, quick, films):
+def test_batches_that_change_and_rows_that_are_reused_keep_the_plain_tokens(plain, quick, films):
     def batched(backend):
         requests = [
             GenerationRequest(film, (ChatTurn("user", question),), max_new_tokens=6 + 5 * index, conversation_id=q)
             for index, (film, question, q) in enumerate(zip(films, QUESTIONS, "xyz", strict=True))
         ]
         generations = [backend.start(request) for request in requests]
-        backend.run_together(generations)  # rows leave the batch as they finish: the queued step no longer matches
+        backend.run_together(generations)  # rows leave the batch as they finish
         for generation in generations:
             backend.finish(generation)
         follow = GenerationRequest(
@@ -122,7 +114,8 @@ def test_queued_steps_survive_batches_that_change_and_slots_that_are_reused(plai
         return out
 
     assert batched(quick) == batched(plain)
-    assert sorted(quick._free_slots) == [0, 1, 2, 3]
+    assert sorted(quick._free_rows) == [0, 1, 2, 3]
+    assert quick.pages.used == quick.prefix_cache.used_blocks  # only the prefix cache still holds pages
 
 
 def test_a_film_preprocessed_on_arrival_is_not_preprocessed_again(quick, films):
@@ -147,3 +140,26 @@ def test_a_film_preprocessed_on_arrival_is_not_preprocessed_again(quick, films):
         scheduler.close(timeout_s=30)
         quick.pixel_values = original
     assert reference
+
+
+def test_films_preprocessed_on_arrival_are_not_preprocessed_again_in_a_vision_batch(quick, films):
+    """A class arriving at once: the loop's vision batch takes every film's pixels from the pixel cache (they were
+    made on the submitting threads), not from the processor on the loop's thread; the features are the same."""
+    fresh = [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in (90, 91)]
+    requests = [GenerationRequest(film, (ChatTurn("user", "Findings?"),), max_new_tokens=3) for film in fresh]
+    generations = [quick.start(request) for request in requests]
+    for generation, film in zip(generations, fresh, strict=True):
+        quick.preprocess_film(film, generation.prompt.image_key)
+    calls = []
+    original = quick.pixel_values
+    quick.pixel_values = lambda images: calls.append(len(images)) or original(images)
+    try:
+        quick.prepare_images(generations)  # one vision batch of both films
+    finally:
+        quick.pixel_values = original
+        for generation in generations:
+            quick.finish(generation, cancelled=True)
+    assert calls == []
+    expected = quick.image_features(fresh)
+    produced = [generation.prompt.features.float().numpy() for generation in generations]
+    assert np.allclose(np.stack(produced), expected, atol=1e-5)

@@ -115,4 +115,4 @@ def test_two_answers_under_one_conversation_id_free_every_slot(backend, film):
     backend.finish(two)
     assert backend.resident_conversations == ["case"]
     backend.forget("case")
-    assert sorted(backend._free_slots) == [0, 1, 2, 3]
+    assert sorted(backend._free_rows) == [0, 1, 2, 3]

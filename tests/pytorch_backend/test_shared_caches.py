@@ -112,6 +112,42 @@ def test_two_films_with_the_same_question_never_share_kv(shared, lone, films):
     assert b.prefix_cached_tokens == 0  # identical text, identical image-token ids: the film's hash keeps them apart
     assert a.token_ids == run(lone, ask(films[0], question, tokens=12)).token_ids
     assert b.token_ids == run(lone, ask(films[2], question, tokens=12)).token_ids
+    assert a.token_ids != b.token_ids  # the demo model reads the film: shared KV would have made them one answer
+
+
+def test_conversations_on_one_film_read_one_set_of_pages_and_other_films_none_of_them(shared, lone, films):
+    """Paged KV: the film's prompt pages are held by reference (no copy) by every conversation on that film, while
+    they run at the same time; a conversation on another film holds none of them; answers stay the lone ones."""
+    question = "Is the heart enlarged?"
+    run(shared, ask(films[1], question))  # fills the prefix cache with film 1's prompt pages
+    copies = []
+    original_copy = shared.decoder.copy_page
+    shared.decoder.copy_page = lambda source, target: copies.append((source, target))
+    requests = [
+        ask(films[1], question),
+        ask(films[1], "Any pleural effusion on the left side?"),
+        ask(films[0], question),
+    ]
+    generations = [shared.start(request) for request in requests]
+    try:
+        shared.prepare_images(generations)
+        assert shared.prefill_batch(generations) == [True, True, True]
+        same, other, elsewhere = (g.conversation.kv.pages for g in generations)
+        cached = generations[0].stats.prefix_cached_tokens // 16
+        assert cached >= 256 // 16  # at least the film's image tokens come from the cache
+        assert same[:cached] == other[:cached]  # one set of pages for both conversations
+        assert all(shared.pages.holders(page) >= 3 for page in same[:cached])  # the cache and both conversations
+        assert not set(elsewhere) & (set(same) | set(other))  # another film: none of them
+        assert same[cached:] != other[cached:] and not set(same[cached:]) & set(other[cached:])  # own pages after
+        while not all(g.done for g in generations):
+            shared.step(generations)
+    finally:
+        shared.decoder.copy_page = original_copy
+        for generation in generations:
+            shared.finish(generation)
+    assert copies == []  # nothing was copied at admission
+    for generation, request in zip(generations, requests, strict=True):
+        assert generation.stats.token_ids == run(lone, request).token_ids
 
 
 def test_a_colliding_chain_hash_still_never_crosses_films():
@@ -125,9 +161,9 @@ def test_a_colliding_chain_hash_still_never_crosses_films():
 
 
 def test_a_small_cache_evicts_and_still_answers_the_same(lone, films, demo_model_dir):
-    from medgemma_xray.pytorch_backend.fast import PREFIX_BLOCK_TOKENS, FastTorchInference
+    from medgemma_xray.pytorch_backend.fast import FastTorchInference
 
-    probe = lone.decoder.block_bytes(PREFIX_BLOCK_TOKENS)
+    probe = lone.decoder.page_bytes()
     blocks = 24  # fewer than two prompts' worth (each prompt is 280+ tokens: 17+ blocks)
     film_bytes = lone.model.config.mm_tokens_per_image * lone.text_config.hidden_size * 4
     small = FastTorchInference(

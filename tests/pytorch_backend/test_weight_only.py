@@ -51,6 +51,7 @@ from medgemma_xray.pytorch_backend.weight_only import quantize_weight, reference
 from medgemma_xray.pytorch_backend.decode_attention import reference_write_decode_attention, triton_decode_attention
 from medgemma_xray.pytorch_backend.decode_attention import write_decode_attention_rope
 from medgemma_xray.pytorch_backend.weight_only import SPLITS, reference_gelu_glu, triton_gemv
+from tests.pytorch_backend.paged_layout import to_pages
 torch.manual_seed(0)
 worst = 0.0
 for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K (3 of 8 rows) and gelu-gated
@@ -73,13 +74,18 @@ for n, k in ((40, 96), (33, 200), (8, 32)):  # one row: the GEMV, plain, split-K
     produced = triton_gemv(x, q.data, q.scale, glu=True)
     assert produced.shape == (1, n)
     worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
-for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32)):
+for m, n, k in ((1, 40, 96), (5, 33, 64), (20, 16, 32), (70, 24, 64)):
     x, w = torch.randn(m, k), torch.randn(n, k)
     q = quantize_weight(w, "int8")
     for data, scale in ((q.data, q.scale), (w, None)):
         expected = reference_weight_only_linear(x, data, scale)
         produced = triton_weight_only_linear(x, data, scale)
         worst = max(worst, ((expected - produced).abs().max() / expected.abs().max()).item())
+    # the GEMM that serves several rows and the GEMV that serves one give each row the same product
+    gemm = triton_weight_only_linear(x, q.data, q.scale)
+    for row in range(0, m, max(1, m // 3)):
+        gemv = triton_gemv(x[row : row + 1], q.data, q.scale)
+        worst = max(worst, ((gemm[row : row + 1] - gemv).abs().max() / gemv.abs().max()).item())
 for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2), (8, 1, 32, 7, 4)):
     q = torch.randn(3, heads, dim)
     qkv = torch.randn(3, 2 * kv_heads * dim + 5)  # k and v as strided views, as the step slices them
@@ -87,21 +93,24 @@ for heads, kv_heads, dim, window, splits in ((4, 2, 32, 0, 3), (8, 4, 64, 20, 2)
     v = qkv[:, kv_heads * dim : 2 * kv_heads * dim].view(3, kv_heads, dim)
     k_cache, v_cache = torch.randn(4, kv_heads, 96, dim), torch.randn(4, kv_heads, 96, dim)
     k_cache[:, :, 80:] = float("nan")  # past every position below: a read would poison the output
-    slots, positions = torch.tensor([2, 0, 3]), torch.tensor([0, 69, 32])
+    k_cache, v_cache, tables = to_pages(k_cache, v_cache)
+    rows, positions = torch.tensor([2, 0, 3]), torch.tensor([0, 69, 32])
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    expected = reference_write_decode_attention(q, k, v, k_ref, v_ref, slots, positions, window, 0.17)
-    produced = triton_decode_attention(q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v)
+    expected = reference_write_decode_attention(q, k, v, k_ref, v_ref, tables, rows, positions, window, 0.17)
+    produced = triton_decode_attention(
+        q, k_cache, v_cache, tables, rows, positions, window, 0.17, splits, new_k=k, new_v=v
+    )
     worst = max(worst, (expected - produced).abs().max().item())
     assert torch.equal(k_cache.nan_to_num(), k_ref.nan_to_num()) and torch.equal(v_cache.nan_to_num(), v_ref.nan_to_num())
     # raw projections: per-head norm and rotary inside the kernel (the 8-bit step), against the torch reference
     q_norm, k_norm = torch.randn(dim) * 0.3, torch.randn(dim) * 0.3
     cos_table, sin_table = torch.randn(96, dim), torch.randn(96, dim)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
-    args = (slots, positions, q_norm, k_norm, cos_table, sin_table, 1e-6, window, 0.17)
+    args = (tables, rows, positions, q_norm, k_norm, cos_table, sin_table, 1e-6, window, 0.17)
     expected = write_decode_attention_rope(q, k, v, k_ref, v_ref, *args)
     rope = (q_norm, k_norm, cos_table, sin_table, 1e-6)
     produced = triton_decode_attention(
-        q, k_cache, v_cache, slots, positions, window, 0.17, splits, new_k=k, new_v=v, rope=rope
+        q, k_cache, v_cache, tables, rows, positions, window, 0.17, splits, new_k=k, new_v=v, rope=rope
     )
     worst = max(worst, (expected - produced).abs().max().item())
     assert torch.allclose(k_cache.nan_to_num(), k_ref.nan_to_num(), atol=1e-5)

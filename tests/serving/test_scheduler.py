@@ -49,18 +49,34 @@ def decode_held_until(backend, joined: threading.Event):
     idle host the 40-token answer used to finish before the submitting thread had even hashed and preprocessed the
     second film (40 steps in 0.18 s on this 2-core host, 2026-12-02), so whether the short answer joined a running
     batch depended on the machine's speed."""
-    decode = backend._decode_impl
+    if not backend.overlaps:
+        decode = backend._decode_impl
 
-    def held(*args, **kwargs):
-        if not joined.wait(timeout=60):
+        def held(*args, **kwargs):
+            if not joined.wait(timeout=60):
+                raise TimeoutError("the second answer was never submitted")
+            return decode(*args, **kwargs)
+
+        backend._decode_impl = held
+        try:
+            yield
+        finally:
+            backend._decode_impl = decode
+        return
+    # Steps queued ahead: hold the reading of decode steps (their launch does not wait for the host), so the
+    # prefill's first token still goes out while no decoded token does.
+    complete = backend.complete
+
+    def held_complete(launch):
+        if launch.kind == "decode" and not joined.wait(timeout=60):
             raise TimeoutError("the second answer was never submitted")
-        return decode(*args, **kwargs)
+        return complete(launch)
 
-    backend._decode_impl = held
+    backend.complete = held_complete
     try:
         yield
     finally:
-        backend._decode_impl = decode
+        del backend.complete  # the class's own method again
 
 
 def test_answers_join_and_leave_mid_decode_with_their_unbatched_tokens(backend, films):
@@ -99,9 +115,9 @@ def test_a_cancelled_answer_frees_its_slot_at_the_next_turn(backend, films):
         "".join(deltas)
         assert stats.finish_reason == "cancelled" and stats.new_tokens < 500
         deadline = time.monotonic() + 10
-        while len(backend._free_slots) != 3 and time.monotonic() < deadline:
+        while len(backend._free_rows) != 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(backend._free_slots) == 3
+        assert len(backend._free_rows) == 3
     finally:
         scheduler.close(10)
 

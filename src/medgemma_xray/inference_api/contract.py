@@ -11,9 +11,10 @@ A backend implements the minimum (Polygraphy's runner shape: the public methods 
 This class owns the rest: stop tokens, the token limit, detokenisation, stats, cancellation, the cache of
 resident conversations (a follow-up question prefills only its new tokens), and the caches shared across users
 (inference_api/shared_caches.py): the vision tower's output keyed by the film's content hash, and, where the
-backend lends a block pool, the KV of common prompt prefixes, copied into a new conversation at admission. A
-scheduler drives many generations through start / prefill_batch / step / finish; `stream_generate` is the same
-loop for one caller.
+backend has one, the KV of common prompt prefixes: shared by reference on a paged backend (its pages), copied into
+a new conversation at admission on one with a block pool. A scheduler drives many generations through
+start / launch_prefill / launch_step / complete / finish (on a backend that `overlaps`, launches return before the
+device is done and complete() reads them later); `stream_generate` is the same loop for one caller.
 """
 
 from __future__ import annotations
@@ -129,6 +130,13 @@ class Generation:
         self.defer_text = False
         self.unsent: list[int] = []
         self.flush_text = False  # the answer ended: the detokeniser flushes after `unsent`
+        # Overlap (a backend whose decode inputs live on the device): the prompt's last chunk is queued, so a
+        # decode step may be queued behind it before its first token reaches the host; and the positions whose
+        # keys/values are queued (prompt plus decode steps launched), ahead of `conversation.ids` by the steps
+        # in flight.
+        self.device_ready = False
+        self.device_length = len(conversation.ids)
+        self.launched_tokens = 0  # answer tokens queued on the device (sampled by a launched prefill or step)
 
     @property
     def prefill_done(self) -> bool:
@@ -139,6 +147,19 @@ class Generation:
         if self.decoder is None:
             raise RuntimeError("This generation has no detokeniser: make generations with InferenceBackend.start().")
         return self.decoder
+
+
+@dataclass
+class Launch:
+    """Work queued on the device whose results the host has not read yet. `InferenceBackend.complete` reads them
+    and accepts the tokens, in launch order. result: the backend's handle (its `wait()` returns one TokenStep or
+    None per entry), or None where the launch already ran synchronously."""
+
+    kind: str  # "prefill" or "decode"
+    generations: list[Generation]
+    result: Any = None
+    chunk_ends: list[int] = field(default_factory=list)  # prefill: each generation's chunk end
+    fed: list[int | None] = field(default_factory=list)  # decode: the token each row feeds, when the host knows it
 
 
 class InferenceBackend(abc.ABC):
@@ -156,6 +177,10 @@ class InferenceBackend(abc.ABC):
     #: whole image, and the chunk's image tokens attend to all of it): a cached prefix then need not stop at the
     #: image's start. The eager reference reads pixels inside its forward, so it cannot.
     resumes_inside_images: bool = False
+    #: True where decode inputs live on the device (each sequence's last sampled token and position): a decode step
+    #: can then be queued before the host has read the previous one (SGLang's overlap scheduler), and launch_*
+    #: return before the device has finished. False: launch_* run synchronously and complete() has nothing to do.
+    overlaps: bool = False
 
     def __init__(
         self,
@@ -171,6 +196,9 @@ class InferenceBackend(abc.ABC):
         self.keep_conversations = True
         self.stop_token_ids: frozenset[int] = frozenset()
         self.image_token_id: int | None = None
+        # Image soft tokens one film expands to (MedGemma: 256). Set, start() refuses a prompt whose count is not
+        # exactly this per film: image markers typed into a question would otherwise place features out of range.
+        self.image_tokens_per_film: int | None = None
         self.max_sequence: int | None = None  # longest conversation plus answer, where the backend has a limit
         self.image_cache = ImageFeatureCache(int(image_cache_gib * 2**30), _nbytes)
         # A backend with a KV block pool replaces this (and implements _load_prefix_impl / _save_prefix_impl).
@@ -238,6 +266,7 @@ class InferenceBackend(abc.ABC):
             prompt, skeleton = self._encode_turns(request, image_key)
             if not prompt.ids:
                 raise RequestError("the prompt encoded to no tokens")
+            self._check_image_tokens(request, prompt)
             stats.prompt_tokens = len(prompt.ids)
             if self.max_sequence is not None and len(prompt.ids) + request.max_new_tokens > self.max_sequence:
                 raise ConversationTooLongError(
@@ -254,6 +283,21 @@ class InferenceBackend(abc.ABC):
             stats.prefix_cached_tokens = generation.prefilled - reused
             generation.decoder = IncrementalDecoder(self._detokenize_impl)
             return generation
+
+    def _check_image_tokens(self, request: GenerationRequest, prompt: Prompt) -> None:
+        """Refuse a prompt whose image soft tokens do not match its film: the question's own text carried image
+        markers (a model's special token typed or pasted in). Its features would land out of range in the prefill."""
+        per_film, image = self.image_tokens_per_film, self.image_token_id
+        if per_film is None or image is None:
+            return
+        found = prompt.ids.count(image)
+        expected = per_film if request.image is not None else 0
+        if found != expected:
+            raise RequestError(
+                f"the conversation holds {found - expected:+d} image placeholder tokens beyond its film's "
+                f"{expected}: a question contains the model's image markers (such as <image_soft_token>); remove "
+                "them from the question and ask again"
+            )
 
     def prepare_images(self, generations: Sequence[Generation]) -> None:
         """Encode the films of the generations that still need them, as one vision batch."""
@@ -301,11 +345,20 @@ class InferenceBackend(abc.ABC):
         at most budget_tokens prompt tokens in all, first come first served. Each generation gets a chunk while
         budget is left; chunks never split an image. Returns, per generation, whether its first answer token is
         now sampled."""
+        launch = self.launch_prefill(generations, budget_tokens)
+        if launch is not None:
+            self.complete(launch)
+        return [g.prefill_done for g in generations]
+
+    def launch_prefill(self, generations: Sequence[Generation], budget_tokens: int | None = None) -> Launch | None:
+        """prefill_batch's chunks, queued: on an overlapping backend the call returns before the device is done,
+        and a generation whose last chunk is queued may join a decode launch at once (device_ready). None: no
+        generation had a chunk to feed."""
         self.check_health()
         with self._lock:
             chunks, left = [], budget_tokens
             for generation in generations:
-                if generation.prefill_done or (left is not None and left <= 0):
+                if generation.prefill_done or generation.device_ready or (left is not None and left <= 0):
                     continue
                 if self._needs_image(generation) and generation.prompt.features is None:
                     self._prepare_images([generation.prompt], [generation.request.image_key])
@@ -314,40 +367,94 @@ class InferenceBackend(abc.ABC):
                 chunks.append((generation, start, end))
                 if left is not None:
                     left -= end - start
-            if chunks:
-                items = [
-                    (g.conversation.kv, g.prompt, start, end, end == len(g.prompt.ids)) for g, start, end in chunks
-                ]
-                steps = self._prefill_batch_impl(items)
-                for (generation, start, end), step in zip(chunks, steps, strict=True):
-                    generation.conversation.ids.extend(generation.prompt.ids[start:end])
-                    generation.prefilled = end
-                    if end == len(generation.prompt.ids):
-                        self._save_prefix(generation.conversation, generation.prompt)
-                        if step is None:
-                            raise RuntimeError(
-                                f"{type(self).__name__}._prefill_batch_impl returned no token for a prompt's last "
-                                "chunk (want_token was True); the backend breaks the contract."
-                            )
-                        self._accept(generation, step)
-            return [g.prefill_done for g in generations]
+            if not chunks:
+                return None
+            items = [(g.conversation.kv, g.prompt, start, end, end == len(g.prompt.ids)) for g, start, end in chunks]
+            result = self._launch_prefill_impl(items) if self.overlaps else _Ready(self._prefill_batch_impl(items))
+            launch = Launch("prefill", [g for g, _, _ in chunks], result, [end for _, _, end in chunks])
+            for generation, start, end in chunks:
+                generation.conversation.ids.extend(generation.prompt.ids[start:end])
+                generation.prefilled = generation.device_length = end
+                if end == len(generation.prompt.ids):
+                    self._save_prefix(generation.conversation, generation.prompt)
+                    generation.device_ready = True
+                    generation.launched_tokens = 1
+            if not self.overlaps:
+                self._complete_locked(launch)
+            return launch
 
-    def step(self, generations: Sequence[Generation]) -> None:
-        """Decode one token for each generation (one batched call where the backend can)."""
+    def launch_step(self, generations: Sequence[Generation]) -> list[Launch]:
+        """Queue one decode step for each generation that can take one (one launch per max_batch rows). On an
+        overlapping backend a generation whose last sampled token is still on the device takes part: the step
+        feeds it there. A generation that has all the tokens it may sample queued takes no part."""
         self.check_health()
-        active = [g for g in generations if not g.done and g.pending is not None]
-        if not active:
-            return
         with self._lock:
+            if self.overlaps:
+                active = [g for g in generations if self._may_launch(g)]
+            else:
+                active = [g for g in generations if not g.done and g.pending is not None]
+            launches = []
             for index in range(0, len(active), max(1, self.max_batch)):
                 chunk = active[index : index + self.max_batch]
                 kvs = [g.conversation.kv for g in chunk]
-                tokens = [g.pending for g in chunk if g.pending is not None]  # all of them: `active` has no None
-                positions = [len(g.conversation.ids) for g in chunk]
-                steps = self._decode_impl(kvs, tokens, positions)
-                for generation, token, step in zip(chunk, tokens, steps, strict=True):
-                    generation.conversation.ids.append(token)
-                    self._accept(generation, step)
+                positions = [g.device_length for g in chunk]
+                if self.overlaps:
+                    launch = Launch("decode", chunk, self._launch_decode_impl(kvs, positions), fed=[None] * len(chunk))
+                else:
+                    tokens = [g.pending for g in chunk if g.pending is not None]  # all: `active` has no None
+                    steps = self._decode_impl(kvs, tokens, positions)
+                    launch = Launch("decode", chunk, _Ready(steps), fed=list[int | None](tokens))
+                for generation in chunk:
+                    generation.device_length += 1
+                    generation.launched_tokens += 1
+                if not self.overlaps:
+                    self._complete_locked(launch)
+                launches.append(launch)
+            return launches
+
+    def _may_launch(self, generation: Generation) -> bool:
+        return (
+            not generation.done
+            and generation.device_ready
+            and generation.launched_tokens < generation.request.max_new_tokens
+            and (self.max_sequence is None or generation.device_length < self.max_sequence)
+        )
+
+    def complete(self, launch: Launch) -> None:
+        """Read a launch's tokens (waiting for the device if it is not done) and accept them. Launches complete in
+        the order they were made; rows of generations that ended meanwhile (a stop token, a cancel) are dropped."""
+        with self._lock:
+            self._complete_locked(launch)
+
+    def _complete_locked(self, launch: Launch) -> None:
+        result, launch.result = launch.result, None
+        if result is None:  # completed already
+            return
+        steps = result.wait()
+        if launch.kind == "prefill":
+            for generation, end, step in zip(launch.generations, launch.chunk_ends, steps, strict=True):
+                if end != len(generation.prompt.ids) or generation.done:
+                    continue
+                if step is None:
+                    raise RuntimeError(
+                        f"{type(self).__name__}'s prefill returned no token for a prompt's last chunk "
+                        "(want_token was True); the backend breaks the contract."
+                    )
+                self._accept(generation, step)
+            return
+        for generation, fed, step in zip(launch.generations, launch.fed, steps, strict=True):
+            if generation.done:
+                continue  # a row queued before the host saw its answer end: its token is dropped
+            token = generation.pending if fed is None else fed
+            if token is None:
+                raise RuntimeError("a decode step completed before the prefill it follows; complete launches in order")
+            generation.conversation.ids.append(token)
+            self._accept(generation, step)
+
+    def step(self, generations: Sequence[Generation]) -> None:
+        """Decode one token for each generation (one batched call where the backend can)."""
+        for launch in self.launch_step(generations):
+            self.complete(launch)
 
     def run_together(self, generations: Sequence[Generation]) -> None:
         """Prefill each generation to its first token, one after another, then decode them as one batch until
@@ -605,7 +712,8 @@ class InferenceBackend(abc.ABC):
         return f"image:{prompt.image_key}" if prompt.image_key else None
 
     def _copy_cached_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
-        """Copy-on-admit: the longest cached run of this film's leading prompt blocks into the new conversation."""
+        """The longest cached run of this film's leading prompt blocks placed in the new conversation: by reference
+        where the backend's cache holds pages (paged KV), else copied in (copy-on-admit)."""
         root = self._prefix_root(prompt)
         if root is None or not self.prefix_cache.enabled:
             return
@@ -627,6 +735,14 @@ class InferenceBackend(abc.ABC):
         root = self._prefix_root(prompt)
         if root is None or not self.prefix_cache.enabled:
             return
+        if self.prefix_cache.by_reference:  # the conversation's own pages become the cached blocks: no copy
+            self.prefix_cache.adopt(
+                root,
+                conversation.ids[: len(prompt.ids)],
+                self._prefix_pages_impl(conversation.kv),
+                self._hold_page_impl,
+            )
+            return
         # Blocks already cached need no copy: reserve() skips them and refreshes their place in the LRU order.
         wanted = self.prefix_cache.reserve(root, conversation.ids[: len(prompt.ids)], 0)
         if wanted:
@@ -640,6 +756,13 @@ class InferenceBackend(abc.ABC):
                 if not self._resident:
                     raise
                 self._free(self._resident.popitem(last=False)[1])  # the least recently used idle conversation
+
+    def _reclaim_idle_conversation(self) -> bool:
+        """Free the least recently used idle conversation's KV (a backend short of KV memory). False if none."""
+        if not self._resident:
+            return False
+        self._free(self._resident.popitem(last=False)[1])
+        return True
 
     def _evict_until(self, limit: int) -> None:
         while len(self._resident) > limit:
@@ -697,8 +820,27 @@ class InferenceBackend(abc.ABC):
         """Several (kv, prompt, start, end, want_token) chunks; a backend that can packs them into one forward."""
         return [self._prefill_impl(kv, prompt, start, end, want) for kv, prompt, start, end, want in items]
 
+    def _launch_prefill_impl(self, items: list[tuple[Any, Prompt, int, int, bool]]) -> Any:
+        """An overlapping backend: queue _prefill_batch_impl's work, leaving each last chunk's token on the device
+        as that sequence's next input; return a handle whose wait() gives _prefill_batch_impl's list."""
+        raise NotImplementedError(f"{type(self).__name__} sets overlaps but does not implement _launch_prefill_impl")
+
+    def _launch_decode_impl(self, kvs: list[Any], positions: list[int]) -> Any:
+        """An overlapping backend: queue one decode step feeding each sequence's last sampled token (on the device)
+        at positions[i]; return a handle whose wait() gives one TokenStep per sequence."""
+        raise NotImplementedError(f"{type(self).__name__} sets overlaps but does not implement _launch_decode_impl")
+
+    def _prefix_pages_impl(self, kv: Any) -> list[int]:
+        """A cache that holds pages by reference: the pages kv reads, in position order."""
+        raise NotImplementedError(f"{type(self).__name__} shares prefix pages but does not list a sequence's pages")
+
+    def _hold_page_impl(self, page: int) -> None:
+        """A cache that holds pages by reference: one more holder of `page`."""
+        raise NotImplementedError(f"{type(self).__name__} shares prefix pages but does not count their holders")
+
     def _load_prefix_impl(self, kv: Any, pool_ids: list[int], length: int) -> None:
-        """Copy pool blocks pool_ids (in order) into kv's positions 0..length-1 (a backend with a block pool)."""
+        """Place cached blocks pool_ids (in order) at kv's positions 0..length-1: copied in from a block pool, or,
+        where the cache holds pages by reference, read in place through kv's block table."""
         raise NotImplementedError(
             f"{type(self).__name__} set a prefix block pool but does not implement _load_prefix_impl; a backend "
             "without a pool keeps the contract's empty PrefixBlockCache, which never calls this"
@@ -753,6 +895,16 @@ class InferenceBackend(abc.ABC):
 
     @abc.abstractmethod
     def _close_impl(self) -> None: ...
+
+
+class _Ready:
+    """A synchronous backend's results, in the shape of an overlapping backend's handle."""
+
+    def __init__(self, steps: Sequence[TokenStep | None]) -> None:
+        self._steps = list(steps)
+
+    def wait(self) -> list[TokenStep | None]:
+        return self._steps
 
 
 def _stack_float32(rows: list[Any]) -> np.ndarray:

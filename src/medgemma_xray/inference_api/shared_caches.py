@@ -117,21 +117,29 @@ class _Block:
 
 
 class PrefixBlockCache:
-    """Which pool block holds the KV of which prompt block, least recently used evicted.
+    """Which block holds the KV of which prompt block, least recently used evicted. Two ways to hold them:
 
-    The backend owns a pool of `capacity_blocks` blocks of `block_tokens` tokens each; this class lends pool ids and
-    finds the longest cached run of a prompt's leading full blocks. No reference counts: a backend copies cached
-    blocks into a conversation's own KV at admission (copy-on-admit), so eviction never pulls KV from under a
-    running answer."""
+    - copy (`release` None): the backend owns a pool of `capacity_blocks` blocks of `block_tokens` tokens each; this
+      class lends pool ids (`reserve`), the backend copies a prompt's blocks in after its prefill and copies cached
+      blocks into a new conversation's KV at admission (copy-on-admit);
+    - by reference (`release` given, a paged KV cache): the cache adopts the conversation's own pages (`adopt`),
+      holding each once, at most `capacity_blocks` of them; a new conversation on the same film reads the same
+      pages through its block table, and eviction calls `release(page)`, so a page lives while anyone holds it.
+    Either way a lookup finds the longest cached run of a prompt's leading full blocks."""
 
-    def __init__(self, capacity_blocks: int, block_tokens: int) -> None:
+    def __init__(self, capacity_blocks: int, block_tokens: int, release: Callable[[int], None] | None = None) -> None:
         if block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
         self.capacity_blocks = max(0, int(capacity_blocks))
         self.block_tokens = int(block_tokens)
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()
-        self._free = list(range(self.capacity_blocks - 1, -1, -1))
+        self._release = release
+        self._free = [] if release is not None else list(range(self.capacity_blocks - 1, -1, -1))
         self.counters = CacheCounters()
+
+    @property
+    def by_reference(self) -> bool:
+        return self._release is not None
 
     @property
     def enabled(self) -> bool:
@@ -189,6 +197,43 @@ class PrefixBlockCache:
             parent = key
         return wanted
 
+    def adopt(self, root: str, ids: Sequence[int], pages: Sequence[int], hold: Callable[[int], None]) -> int:
+        """By reference: the pages holding `ids`' full blocks (pages[i] holds block i) become the cached KV of the
+        blocks not cached yet; `hold(page)` is called once for each page adopted. Returns how many were adopted."""
+        if self._release is None:
+            raise RuntimeError("adopt() is for a cache that holds pages by reference; this one copies (reserve)")
+        if not self.enabled:
+            return 0
+        keys = self.chain(root, ids)
+        size = self.block_tokens
+        adopted, parent = 0, None
+        for index, key in enumerate(keys[: len(pages)]):
+            existing = self._blocks.get(key)
+            if existing is None:
+                if len(self._blocks) >= self.capacity_blocks and not self._evict(protect=set(keys[:index])):
+                    break
+                hold(pages[index])
+                self._blocks[key] = _Block(pages[index], parent, root, tuple(ids[index * size : (index + 1) * size]))
+                adopted += 1
+            else:
+                self._blocks.move_to_end(key)
+            parent = key
+        return adopted
+
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used block (its page is released by reference). False when the cache is empty."""
+        return self._evict(protect=set())
+
+    def _evict(self, protect: set[bytes]) -> bool:
+        for key in self._blocks:  # oldest first; never a block of the chain being written
+            if key not in protect:
+                block = self._blocks.pop(key)
+                self.counters.evictions += 1
+                if self._release is not None:
+                    self._release(block.pool_id)
+                return True
+        return False
+
     def _take(self, protect: set[bytes]) -> int | None:
         if self._free:
             return self._free.pop()
@@ -200,6 +245,11 @@ class PrefixBlockCache:
         return None
 
     def clear(self) -> None:
+        if self._release is not None:
+            for block in self._blocks.values():
+                self._release(block.pool_id)
+            self._blocks.clear()
+            return
         self._blocks.clear()
         self._free = list(range(self.capacity_blocks - 1, -1, -1))
 
@@ -213,4 +263,5 @@ class PrefixBlockCache:
             "blocks_used": len(self._blocks),
             "blocks_capacity": self.capacity_blocks,
             "block_tokens": self.block_tokens,
+            "by_reference": self.by_reference,
         }

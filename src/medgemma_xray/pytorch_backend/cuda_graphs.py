@@ -1,41 +1,78 @@
 """The decode step captured once per batch-size bucket as a CUDA graph, and replayed each step.
 
 A step of the 4B model launches thousands of small kernels; replaying a graph submits them at once (measured here:
-35 ms/token eager, 9 ms captured, 4.5 ms compiled and captured). Inputs live in static device buffers; a batch
-is padded up to the next bucket with rows that write into the cache's dummy slot. The only host sync per step is
-reading the token ids back.
+35 ms/token eager, 9 ms captured, 4.5 ms compiled and captured). The graph's only input is the list of sequence
+rows (a batch is padded up to the next bucket with the decoder's dummy row): each row's token and position are read
+from, and its next ones written back to, the decoder's device state, so a step can be queued before the host has
+read the previous one. Nothing here waits for the device.
+
+With `alternatives` (the 8-bit mode: its own step, and the bf16 step over the same state), every bucket is captured
+once per step and the fastest replay is kept, so the 8-bit mode is never slower than bf16 at any batch size: its
+GEMV wins at one row, and above a crossover measured here at start the dequantising GEMM or the bf16 cuBLAS GEMM
+serves, whichever this GPU runs faster. `choices` records what each bucket runs and the times it was chosen on.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 
 class DecodeGraphs:
-    def __init__(self, step, buckets: tuple[int, ...], dummy_slot: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        decoder,
+        step,
+        buckets: tuple[int, ...],
+        device: torch.device,
+        alternatives: dict[str, Any] | None = None,
+        name: str = "step",
+    ) -> None:
+        self.decoder = decoder
         self.buckets = tuple(sorted(buckets))
-        self.dummy_slot = dummy_slot
         largest = self.buckets[-1]
-        self.tokens = torch.zeros(largest, dtype=torch.long, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.long, device=device)
-        self.slots = torch.full((largest,), dummy_slot, dtype=torch.long, device=device)
-        self.staging = torch.zeros((3, largest), dtype=torch.long, pin_memory=True)
+        self.rows = torch.full((largest,), decoder.dummy_row, dtype=torch.long, device=device)
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.choices: dict[int, dict] = {}
+        steps = {name: step, **(alternatives or {})}
         for batch in reversed(self.buckets):  # largest first: smaller graphs reuse its memory pool
-            self.graphs[batch] = self._capture(step, batch)
+            captured = {label: self._capture(candidate, batch) for label, candidate in steps.items()}
+            if len(captured) == 1 or batch == 1:
+                self.graphs[batch] = captured[name]
+                continue
+            times = {label: self._replay_ms(graph) for label, graph in captured.items()}
+            best = min(times, key=lambda label: times[label])
+            self.graphs[batch] = captured[best]
+            self.choices[batch] = {"runs": best, "replay_ms": {k: round(v, 4) for k, v in times.items()}}
+
+    @staticmethod
+    def _replay_ms(captured, repeats: int = 20) -> float:
+        graph = captured[0]
+        for _ in range(3):
+            graph.replay()
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
 
     def _capture(self, step, batch: int):
-        args = (self.tokens[:batch], self.positions[:batch], self.slots[:batch])
+        rows = self.rows[:batch]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
-            for _ in range(2):  # compile, autotune and allocate outside the capture
-                step(*args)
+            for _ in range(2):  # compile, autotune and allocate outside the capture (dummy rows only)
+                self.decoder.advance(step, rows)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            ids, logprobs = step(*args)
+            ids, logprobs = self.decoder.advance(step, rows)
         return graph, ids, logprobs
 
     def bucket_for(self, batch: int) -> int:
@@ -44,30 +81,12 @@ class DecodeGraphs:
                 return bucket
         raise ValueError(f"a decode batch of {batch} exceeds the largest captured bucket {self.buckets[-1]}")
 
-    def run(self, tokens: list[int], positions: list[int], slots: list[int]):
-        batch = len(tokens)
+    def run(self, rows: list[int]):
+        """Queue one step for `rows`; (ids, logprobs) are the graph's own outputs: copy them before the next run."""
+        batch = len(rows)
         bucket = self.bucket_for(batch)
-        staging = self.staging
-        staging[0, :batch] = torch.tensor(tokens)
-        staging[1, :batch] = torch.tensor(positions)
-        staging[2, :batch] = torch.tensor(slots)
-        staging[0, batch:bucket] = 0
-        staging[1, batch:bucket] = 0
-        staging[2, batch:bucket] = self.dummy_slot
-        self.tokens[:bucket].copy_(staging[0, :bucket], non_blocking=True)
-        self.positions[:bucket].copy_(staging[1, :bucket], non_blocking=True)
-        self.slots[:bucket].copy_(staging[2, :bucket], non_blocking=True)
+        padded = torch.tensor(rows + [self.decoder.dummy_row] * (bucket - batch), dtype=torch.long).pin_memory()
+        self.rows[:bucket].copy_(padded, non_blocking=True)
         graph, ids, logprobs = self.graphs[bucket]
-        graph.replay()
-        return ids[:batch], logprobs[:batch]
-
-    def run_next(self, batch: int):
-        """Replay the last bucket run one position on, fed on the device with its own output ids: the step after
-        it, launched before the host has read that one (pytorch_backend/pipelined_decode). Padding rows move on
-        too; they stay in the dummy slot."""
-        bucket = self.bucket_for(batch)
-        graph, ids, logprobs = self.graphs[bucket]
-        self.tokens[:bucket].copy_(ids)
-        self.positions[:bucket].add_(1)
         graph.replay()
         return ids[:batch], logprobs[:batch]

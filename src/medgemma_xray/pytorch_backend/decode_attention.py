@@ -1,8 +1,9 @@
-"""Decode-step attention over a slotted static KV cache that reads only each sequence's filled part.
+"""Decode-step attention over a paged KV cache that reads only each sequence's filled part.
 
-Every sequence in a decode batch owns one slot of the cache (shape: slots x kv_heads x max_len x head_dim) and has
-its own length. A plain SDPA over the static cache would read max_len keys for every slot; this reads only
-[start, length) per sequence, where start = length - window for sliding layers.
+The cache of one layer is a pool of pages (shape: pages x PAGE_TOKENS x kv_heads x head_dim, vLLM's layout); each
+sequence row has a block table (rows x max_pages, int32) naming the page that holds each run of PAGE_TOKENS
+positions, so sequences on one film share the pages of its prompt by reference. This reads only keys
+[start, length) of each sequence, where start = length - window for sliding layers.
 
 Two implementations of the same function:
 - `reference_decode_attention`: torch, one sequence at a time (CPU, and the GPU check's reference);
@@ -20,30 +21,59 @@ import math
 
 import torch
 
+PAGE_TOKENS = 16  # positions per KV page (vLLM's default block size; the prefix cache's block)
 BLOCK_N = 32  # keys per inner step
 BLOCK_H = 16  # query heads per tile (padded): tl.dot needs at least 16 rows
 
 
-def reference_decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float) -> torch.Tensor:
-    """q: (batch, heads, dim); caches: (slots, kv_heads, max_len, dim); slots, lengths: (batch,) int64.
+def paged_positions(block_tables: torch.Tensor, row: int, start: int, end: int) -> torch.Tensor:
+    """Flat indices (page * PAGE_TOKENS + offset) of positions start..end-1 of a sequence row: index a cache viewed
+    as (pages * PAGE_TOKENS, kv_heads, dim)."""
+    positions = torch.arange(start, end, device=block_tables.device)
+    pages = block_tables[row, positions // PAGE_TOKENS].long()
+    return pages * PAGE_TOKENS + positions % PAGE_TOKENS
+
+
+def gather_keys(cache: torch.Tensor, block_tables: torch.Tensor, row: int, start: int, end: int) -> torch.Tensor:
+    """(kv_heads, end - start, dim): a sequence's cached keys (or values) at positions start..end-1."""
+    flat = cache.view(-1, cache.shape[2], cache.shape[3])
+    return flat[paged_positions(block_tables, row, start, end)].transpose(0, 1)
+
+
+def reference_decode_attention(
+    q, k_cache, v_cache, block_tables, rows, lengths, window: int, scale: float
+) -> torch.Tensor:
+    """q: (batch, heads, dim); caches: (pages, PAGE_TOKENS, kv_heads, dim); block_tables: (rows, max_pages) int32;
+    rows, lengths: (batch,) int64.
 
     Returns (batch, heads, dim): softmax(q k^T * scale) v over keys [max(0, length - window), length) of each
-    sequence's slot (window 0: all of them)."""
+    sequence (window 0: all of them)."""
     batch, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     out = torch.empty_like(q)
-    for row, (slot, length) in enumerate(zip(slots.tolist(), lengths.tolist(), strict=True)):
+    for index, (row, length) in enumerate(zip(rows.tolist(), lengths.tolist(), strict=True)):
         start = max(0, length - window) if window else 0
-        keys = k_cache[slot, :, start:length].float().repeat_interleave(group, dim=0)
-        values = v_cache[slot, :, start:length].float().repeat_interleave(group, dim=0)
-        scores = torch.einsum("hd,hnd->hn", q[row].float(), keys) * scale
-        out[row] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values).to(q.dtype)
+        keys = gather_keys(k_cache, block_tables, row, start, length).float().repeat_interleave(group, dim=0)
+        values = gather_keys(v_cache, block_tables, row, start, length).float().repeat_interleave(group, dim=0)
+        scores = torch.einsum("hd,hnd->hn", q[index].float(), keys) * scale
+        out[index] = torch.einsum("hn,hnd->hd", torch.softmax(scores, dim=-1), values).to(q.dtype)
     return out
 
 
 def triton_decode_attention(
-    q, k_cache, v_cache, slots, lengths, window: int, scale: float, splits: int = 8, new_k=None, new_v=None, rope=None
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    rows,
+    lengths,
+    window: int,
+    scale: float,
+    splits: int = 8,
+    new_k=None,
+    new_v=None,
+    rope=None,
 ):
     """new_k, new_v: (batch, kv_heads, dim) or None. Given, `lengths` holds each sequence's new position (length - 1)
     and the kernel also writes them into each sequence's slot at
@@ -61,13 +91,15 @@ def triton_decode_attention(
         q_norm, k_norm, cos_table, sin_table, eps = rope
     else:
         q_norm, k_norm, cos_table, sin_table, eps = q, q, q, q, 0.0  # unread unless NORM_ROPE
-    if write and (new_k.shape != (q.shape[0], k_cache.shape[1], q.shape[2]) or new_v.shape != new_k.shape):
+    if write and (new_k.shape != (q.shape[0], k_cache.shape[2], q.shape[2]) or new_v.shape != new_k.shape):
         raise ValueError(
             f"new keys/values must be (batch, kv_heads, dim), got {tuple(new_k.shape)}, {tuple(new_v.shape)}"
         )
     batch, heads, dim = q.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads = k_cache.shape[2]
     group = heads // kv_heads
+    if k_cache.shape[1] != PAGE_TOKENS:
+        raise ValueError(f"the cache's pages hold {k_cache.shape[1]} positions; the kernel reads {PAGE_TOKENS}")
     if group > BLOCK_H:
         raise ValueError(f"{group} query heads per kv head; the kernel tiles at most {BLOCK_H}")
     partial = torch.empty((batch, heads, splits, dim), device=q.device, dtype=torch.float32)
@@ -76,7 +108,9 @@ def triton_decode_attention(
         q,
         k_cache,
         v_cache,
-        slots,
+        block_tables,
+        block_tables.stride(0),
+        rows,
         lengths,
         new_k if write else q,  # unread unless WRITE_KV
         new_v if write else q,
@@ -102,6 +136,7 @@ def triton_decode_attention(
         BLOCK_DIM=triton_next_power_of_2(dim),
         BLOCK_N=BLOCK_N,
         BLOCK_H=BLOCK_H,
+        PAGE=PAGE_TOKENS,
         WRITE_KV=write,
         NORM_ROPE=rope is not None,
     )
@@ -136,7 +171,9 @@ def _kernels():
         q,
         k_cache,
         v_cache,
-        slots,
+        block_tables,
+        bt_row,
+        rows,
         lengths,
         new_k,
         new_v,
@@ -151,9 +188,9 @@ def _kernels():
         nv_b,
         nv_h,
         nv_d,
-        c_s,
-        c_h,
+        c_p,
         c_n,
+        c_h,
         c_d,
         p_b,
         p_h,
@@ -176,13 +213,14 @@ def _kernels():
         BLOCK_DIM: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_H: tl.constexpr,
+        PAGE: tl.constexpr,
         WRITE_KV: tl.constexpr,
         NORM_ROPE: tl.constexpr,
     ):
         b = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
-        slot = tl.load(slots + b)
+        table = block_tables + tl.load(rows + b) * bt_row
         length = tl.load(lengths + b)
         if WRITE_KV:
             length = length + 1  # the caller passed positions: the new key makes the sequence one longer
@@ -202,7 +240,7 @@ def _kernels():
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DIM], tl.float32)
-        base = slot * c_s + kv_head * c_h
+        base = kv_head * c_h
         last = length - 1
         if WRITE_KV:
             k_new = tl.load(new_k + b * nk_b + kv_head * nk_h + dims * nk_d, mask=dim_ok, other=0.0)
@@ -235,12 +273,14 @@ def _kernels():
             k_new = (k_n * cos + sign * k_n_pair * sin).to(k_new.dtype)
         if WRITE_KV:
             owner = (last >= lo) & (last < hi)  # exactly one split of this (sequence, kv head) holds the new key
-            tl.store(k_cache + base + last * c_n + dims * c_d, k_new.to(k_cache.dtype.element_ty), mask=dim_ok & owner)
-            tl.store(v_cache + base + last * c_n + dims * c_d, v_new.to(v_cache.dtype.element_ty), mask=dim_ok & owner)
+            at = tl.load(table + last // PAGE).to(tl.int64) * c_p + (last % PAGE) * c_n + base
+            tl.store(k_cache + at + dims * c_d, k_new.to(k_cache.dtype.element_ty), mask=dim_ok & owner)
+            tl.store(v_cache + at + dims * c_d, v_new.to(v_cache.dtype.element_ty), mask=dim_ok & owner)
         for block in range(lo, hi, BLOCK_N):
             keys = block + tl.arange(0, BLOCK_N)
             key_ok = keys < hi
-            offsets = base + keys[:, None] * c_n + dims[None, :] * c_d
+            pages = tl.load(table + keys // PAGE, mask=key_ok, other=0).to(tl.int64)
+            offsets = base + pages[:, None] * c_p + (keys % PAGE)[:, None] * c_n + dims[None, :] * c_d
             kt = tl.load(k_cache + offsets, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
             if WRITE_KV:
                 kt = tl.where((keys == last)[:, None], k_new.to(kt.dtype)[None, :], kt)
@@ -312,11 +352,20 @@ def _kernels():
     return Kernels
 
 
-def reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window: int, scale: float):
+def write_positions(k_cache, v_cache, block_tables, rows, positions, k, v) -> None:
+    """Store k, v (batch, kv_heads, dim) at each sequence row's position (torch indexing: CPU and references)."""
+    pages = block_tables[rows, positions // PAGE_TOKENS].long()
+    flat = pages * PAGE_TOKENS + positions % PAGE_TOKENS
+    k_cache.view(-1, k_cache.shape[2], k_cache.shape[3])[flat] = k.to(k_cache.dtype)
+    v_cache.view(-1, v_cache.shape[2], v_cache.shape[3])[flat] = v.to(v_cache.dtype)
+
+
+def reference_write_decode_attention(
+    q, k, v, k_cache, v_cache, block_tables, rows, positions, window: int, scale: float
+):
     """Write k, v (batch, kv_heads, dim) at each sequence's position, then attend over [.., position]."""
-    k_cache[slots, :, positions] = k
-    v_cache[slots, :, positions] = v
-    return reference_decode_attention(q, k_cache, v_cache, slots, positions + 1, window, scale)
+    write_positions(k_cache, v_cache, block_tables, rows, positions, k, v)
+    return reference_decode_attention(q, k_cache, v_cache, block_tables, rows, positions + 1, window, scale)
 
 
 def norm_rope_reference(x, norm_weight, cos_table, sin_table, positions, eps: float):
@@ -330,28 +379,46 @@ def norm_rope_reference(x, norm_weight, cos_table, sin_table, positions, eps: fl
 
 
 def write_decode_attention_rope(
-    q, k, v, k_cache, v_cache, slots, positions, q_norm, k_norm, cos_table, sin_table, eps: float, window, scale
+    q,
+    k,
+    v,
+    k_cache,
+    v_cache,
+    block_tables,
+    rows,
+    positions,
+    q_norm,
+    k_norm,
+    cos_table,
+    sin_table,
+    eps: float,
+    window,
+    scale,
 ):
     """write_decode_attention over raw q/k projections: their norm and rotary inside the kernel on CUDA."""
     if q.is_cuda:
         rope = (q_norm, k_norm, cos_table, sin_table, eps)
         return triton_decode_attention(
-            q, k_cache, v_cache, slots, positions, window, scale, new_k=k, new_v=v, rope=rope
+            q, k_cache, v_cache, block_tables, rows, positions, window, scale, new_k=k, new_v=v, rope=rope
         )
     q = norm_rope_reference(q, q_norm, cos_table, sin_table, positions, eps)
     k = norm_rope_reference(k, k_norm, cos_table, sin_table, positions, eps)
-    return reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window, scale)
+    return reference_write_decode_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale)
 
 
-def write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window: int, scale: float) -> torch.Tensor:
+def write_decode_attention(
+    q, k, v, k_cache, v_cache, block_tables, rows, positions, window: int, scale: float
+) -> torch.Tensor:
     """The KV write and the attention in one kernel launch (plus the split merge) on CUDA; the reference elsewhere."""
     if q.is_cuda:
-        return triton_decode_attention(q, k_cache, v_cache, slots, positions, window, scale, new_k=k, new_v=v)
-    return reference_write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window, scale)
+        return triton_decode_attention(
+            q, k_cache, v_cache, block_tables, rows, positions, window, scale, new_k=k, new_v=v
+        )
+    return reference_write_decode_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale)
 
 
-def decode_attention(q, k_cache, v_cache, slots, lengths, window: int, scale: float) -> torch.Tensor:
+def decode_attention(q, k_cache, v_cache, block_tables, rows, lengths, window: int, scale: float) -> torch.Tensor:
     """The Triton kernel on CUDA, the torch reference elsewhere."""
     if q.is_cuda:
-        return triton_decode_attention(q, k_cache, v_cache, slots, lengths, window, scale)
-    return reference_decode_attention(q, k_cache, v_cache, slots, lengths, window, scale)
+        return triton_decode_attention(q, k_cache, v_cache, block_tables, rows, lengths, window, scale)
+    return reference_decode_attention(q, k_cache, v_cache, block_tables, rows, lengths, window, scale)

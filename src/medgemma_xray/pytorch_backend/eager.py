@@ -67,6 +67,7 @@ class TorchInference(InferenceBackend):
         eos = self.model.generation_config.eos_token_id
         self.stop_token_ids = frozenset(eos if isinstance(eos, list) else [eos])
         self.image_token_id = int(config.image_token_id)
+        self.image_tokens_per_film = int(config.mm_tokens_per_image)
         self.text_config = config.get_text_config()
         logger.info(
             "loaded %s on %s (%s) in %.1f s%s",

@@ -1,6 +1,6 @@
-"""The decode step with fewer kernels, and optionally 8-bit weights: a drop-in for StaticGemmaDecoder.decode.
+"""The decode step with fewer kernels, and optionally 8-bit weights: a drop-in for PagedGemmaDecoder.decode.
 
-Same math as StaticGemmaDecoder.layer_step (transformers' Gemma 3), over the decoder's own caches, rope tables and
+Same math as PagedGemmaDecoder.layer_step (transformers' Gemma 3), over the decoder's own caches, rope tables and
 norm weights. What differs:
 - the KV write happens inside the attention kernel (decode_attention.write_decode_attention): no index_put
   kernels, one custom op per layer instead of a write plus an attention;
@@ -47,17 +47,18 @@ def fused_write_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    rows: torch.Tensor,
     positions: torch.Tensor,
     window: int,
     scale: float,
 ) -> torch.Tensor:
     """Write each sequence's new key/value at its position and attend over its filled part, in one kernel."""
-    return write_decode_attention(q, k, v, k_cache, v_cache, slots, positions, window, scale)
+    return write_decode_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale)
 
 
 @fused_write_attention.register_fake
-def _(q, k, v, k_cache, v_cache, slots, positions, window, scale):
+def _(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale):
     return torch.empty_like(q)
 
 
@@ -68,7 +69,8 @@ def fused_write_attention_rope(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    rows: torch.Tensor,
     positions: torch.Tensor,
     q_norm: torch.Tensor,
     k_norm: torch.Tensor,
@@ -80,12 +82,28 @@ def fused_write_attention_rope(
 ) -> torch.Tensor:
     """As fused_write_attention over the raw q/k projections: their per-head norm and rotary inside the kernel."""
     return write_decode_attention_rope(
-        q, k, v, k_cache, v_cache, slots, positions, q_norm, k_norm, cos_table, sin_table, eps, window, scale
+        q,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        block_tables,
+        rows,
+        positions,
+        q_norm,
+        k_norm,
+        cos_table,
+        sin_table,
+        eps,
+        window,
+        scale,
     )
 
 
 @fused_write_attention_rope.register_fake
-def _(q, k, v, k_cache, v_cache, slots, positions, q_norm, k_norm, cos_table, sin_table, eps, window, scale):
+def _(
+    q, k, v, k_cache, v_cache, block_tables, rows, positions, q_norm, k_norm, cos_table, sin_table, eps, window, scale
+):
     return torch.empty_like(q)
 
 
@@ -107,7 +125,7 @@ MATRICES = ("qkv", "o", "gate_up", "down")
 
 
 class FusedDecodeStep:
-    """decode(tokens, positions, slots) -> (ids, logprobs), as StaticGemmaDecoder.decode, over `decoder`'s state."""
+    """decode(tokens, positions, rows) -> (ids, logprobs), as PagedGemmaDecoder.decode, over `decoder`'s state."""
 
     def __init__(
         self,
@@ -183,15 +201,15 @@ class FusedDecodeStep:
         return StepMatrices(**values)
 
     # --- the step -------------------------------------------------------------------------------------------------
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
-        return self.sample(self.hidden(tokens, positions, slots), self.lm_head, self.lm_head_scale, self.chain_norms)
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor):
+        return self.sample(self.hidden(tokens, positions, rows), self.lm_head, self.lm_head_scale, self.chain_norms)
 
-    def logits(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """float32 (batch, vocab) logits of one step (uncompiled head): what the accuracy gate compares."""
-        hidden = self.hidden(tokens, positions, slots)
+        hidden = self.hidden(tokens, positions, rows)
         return self._logits(hidden, self.lm_head, self.lm_head_scale, self.chain_norms).float()
 
-    def hidden(self, tokens, positions, slots):
+    def hidden(self, tokens, positions, rows):
         """The last layer's output; with chain_norms, already through the final norm."""
         d = self.decoder
         x = F.embedding(tokens, d.embed.weight) * d.embed_scale
@@ -220,10 +238,11 @@ class FusedDecodeStep:
                 layer.k_norm,
                 d.k_cache[index],
                 d.v_cache[index],
+                d.block_tables,
                 d.cos[layer.sliding],
                 d.sin[layer.sliding],
                 positions,
-                slots,
+                rows,
                 layer.sliding,
             )
             x, normed = out if self.chain_norms else (out, None)
@@ -250,10 +269,11 @@ class FusedDecodeStep:
         k_norm,
         k_cache,
         v_cache,
+        block_tables,
         cos_table,
         sin_table,
         positions,
-        slots,
+        rows,
         sliding: bool,
     ):
         d = self.decoder
@@ -270,7 +290,21 @@ class FusedDecodeStep:
         q, k, v = q.view(batch, heads, dim), k.view(batch, kv_heads, dim), v.view(batch, kv_heads, dim)
         if qkv_scale is not None:  # 8-bit: q/k norm and rotary inside the attention kernel (two kernels fewer)
             attended = fused_write_attention_rope(
-                q, k, v, k_cache, v_cache, slots, positions, q_norm, k_norm, cos_table, sin_table, eps, window, d.scale
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                block_tables,
+                rows,
+                positions,
+                q_norm,
+                k_norm,
+                cos_table,
+                sin_table,
+                eps,
+                window,
+                d.scale,
             )
         else:  # bf16: the current step's arithmetic and kernel boundaries, token for token
             cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
@@ -278,7 +312,7 @@ class FusedDecodeStep:
             k = _rms_norm(k, k_norm, eps)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            attended = fused_write_attention(q, k, v, k_cache, v_cache, slots, positions, window, d.scale)
+            attended = fused_write_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, d.scale)
         x = x + _rms_norm(linear(attended.reshape(batch, -1), o, o_scale), post_attention_norm, eps)
         h = _rms_norm(x, pre_feedforward_norm, eps)
         if one_row:

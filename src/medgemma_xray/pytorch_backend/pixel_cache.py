@@ -3,8 +3,9 @@
 The processor's resize and normalise took 8.9 ms on the CPU per film (H200 host, 2026-12-01), inside the first
 token's time, on the thread that runs every answer's steps. A caller that has the film earlier (the scheduler's
 submitting thread, an upload handler) calls FastTorchInference.preprocess_film(image, key); the question's
-prefill then finds the pixels here. Few entries: a film is asked about right after it arrives, and the vision
-tower's output has its own, larger cache (medgemma_xray.inference_api.shared_caches.ImageFeatureCache). Thread-safe.
+prefill then finds the pixels here. Enough entries for a class arriving at once (a film is asked about right after
+it arrives, but 48 students' films can wait behind each other for a turn); the vision tower's output has its own,
+larger cache (medgemma_xray.inference_api.shared_caches.ImageFeatureCache). Thread-safe.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-DEFAULT_PIXEL_CACHE_FILMS = 8  # 896x896x3 bf16 on the device: 4.8 MB each
+DEFAULT_PIXEL_CACHE_FILMS = 96  # 896x896x3 bf16 on the device: 4.8 MB each, 460 MB for a class of 96
 
 
 class PixelCache:

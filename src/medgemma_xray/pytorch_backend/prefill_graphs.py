@@ -5,10 +5,11 @@ against a floor of about 5 ms (3.2 TFLOP and one read of 7.8 GB of weights). The
 overhead: 34 layers, each a compiled graph, an eager attention and its mask, and the cache writes. Replaying one
 captured graph submits all of it at once.
 
-A graph has fixed shapes, so a prompt is padded to the smallest bucket that holds it (DEFAULT_PREFILL_BUCKETS). The padding rows come after every prompt row, so causal masking keeps them out of the prompt's
-attention; they write keys and values past the prompt's end in its slot, which the decode steps overwrite before
-reading (StaticGemmaDecoder.prefill_static). Only what a fresh conversation prefills in one chunk from position 0
-takes this path: a follow-up turn, a copied prefix or a chunked long prompt keeps the packed path.
+A graph has fixed shapes, so a prompt is padded to the smallest bucket that holds it (DEFAULT_PREFILL_BUCKETS). The
+padding rows come after every prompt row, so causal masking keeps them out of the prompt's attention; their keys
+and values go to the decoder's dummy page (PagedGemmaDecoder.prefill_static). Only what a fresh conversation
+prefills in one chunk from position 0 takes this path: a follow-up turn, a shared prefix or a chunked long prompt
+keeps the packed path.
 
 Without CUDA graphs (CPU, the tests) the same padded function runs eagerly: that is how CI checks that padding
 changes no token.
@@ -64,7 +65,7 @@ def image_rows(ids: Sequence[int], image_token_id: int | None) -> tuple[list[int
 class PrefillGraphs:
     """Static input buffers and, with `capture`, one CUDA graph per bucket of decoder.prefill_static."""
 
-    def __init__(self, decoder, buckets: Sequence[int], capture: bool, dummy_slot: int) -> None:
+    def __init__(self, decoder, buckets: Sequence[int], capture: bool, dummy_row: int) -> None:
         self.decoder = decoder
         self.buckets = usable_buckets(buckets, decoder.max_len)
         if not self.buckets:
@@ -72,7 +73,7 @@ class PrefillGraphs:
         device, largest = decoder.device, self.buckets[-1]
         self.embeds = torch.zeros((largest, decoder.hidden), device=device, dtype=decoder.dtype)
         self.blocks = torch.full((largest,), -1, dtype=torch.long, device=device)
-        self.slot = torch.full((1,), dummy_slot, dtype=torch.long, device=device)
+        self.row = torch.full((1,), dummy_row, dtype=torch.long, device=device)
         self.last_row = torch.zeros(1, dtype=torch.long, device=device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         if capture:
@@ -81,7 +82,7 @@ class PrefillGraphs:
                 self.graphs[bucket] = self._capture(bucket, pool)
 
     def _arguments(self, bucket: int):
-        return self.embeds[:bucket], self.blocks[:bucket], self.slot, self.last_row
+        return self.embeds[:bucket], self.blocks[:bucket], self.row, self.last_row
 
     def _capture(self, bucket: int, pool):
         step = self.decoder.prefill_static
@@ -99,8 +100,9 @@ class PrefillGraphs:
     def bucket_for(self, tokens: int) -> int | None:
         return prefill_bucket(tokens, self.buckets)
 
-    def run(self, slot: int, embeds: torch.Tensor, blocks: list[int]):
-        """Prefill embeds (n, hidden) into `slot` from position 0; (ids (1,), logprobs (1,)) on the device.
+    def run(self, row: int, embeds: torch.Tensor, blocks: list[int]):
+        """Prefill embeds (n, hidden) into sequence row `row` from position 0 (its pages in place); (ids (1,),
+        logprobs (1,)) on the device, the first token also left in the row's device state.
 
         The caller checked bucket_for(n) is not None. The result tensors are the graph's own outputs: read them
         before the next run."""
@@ -111,10 +113,10 @@ class PrefillGraphs:
         padded = blocks + [-1] * (bucket - n)
         self.embeds[:n].copy_(embeds)
         self.embeds[n:bucket].zero_()  # zero rows: RMSNorm of zero is zero, never NaN
-        staging = torch.tensor([slot, n - 1, *padded], dtype=torch.long)
+        staging = torch.tensor([row, n - 1, *padded], dtype=torch.long)
         if self.embeds.is_cuda:
             staging = staging.pin_memory()  # an asynchronous copy, kept alive by the caching host allocator
-        self.slot.copy_(staging[:1], non_blocking=True)
+        self.row.copy_(staging[:1], non_blocking=True)
         self.last_row.copy_(staging[1:2], non_blocking=True)
         self.blocks[:bucket].copy_(staging[2:], non_blocking=True)
         if bucket in self.graphs:

@@ -63,7 +63,7 @@ def check_reconstruction(step) -> tuple[str, float]:
 
 
 def teacher_forced_agreement(backend, reference, candidate, requests, tokens: int) -> AgreementRecord:
-    """reference, candidate: FusedDecodeStep-like objects with .logits(tokens, positions, slots). Both decode from
+    """reference, candidate: FusedDecodeStep-like objects with .logits(tokens, positions, rows). Both decode from
     the same bf16 prefill of each request, fed the reference's greedy tokens."""
     return teacher_forced_agreements(backend, reference, [candidate], requests, tokens)[0]
 
@@ -81,6 +81,8 @@ def teacher_forced_agreements(backend, reference, candidates, requests, tokens: 
         backend._prepare_images_impl([prompt])
         kv = backend._allocate_impl()
         try:
+            backend._ensure_pages(kv, len(prompt.ids) + tokens)  # the teacher-forced steps write past the prompt
+            backend._flush_tables()
             runs = []
             fed: list[int] = []
             for index, step in enumerate((reference, *candidates)):
@@ -97,7 +99,7 @@ def teacher_forced_agreements(backend, reference, candidates, requests, tokens: 
                         logits = step.logits(
                             torch.tensor([token], device=backend.device),
                             position,
-                            torch.tensor([kv.slot], device=backend.device),
+                            torch.tensor([kv.row], device=backend.device),
                         )
                         rows.append(logits[0])
                         if index == 0:

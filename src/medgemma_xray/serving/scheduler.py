@@ -1,25 +1,29 @@
 """Iteration-level batching: one thread drives every answer of one backend through the token-level contract.
 
 Each loop turn (a "step" in vLLM's words) has a token budget, `max_batched_tokens`: one decode token for every
-running answer, and the rest for prompt chunks. A turn drops cancelled answers, admits waiting ones (the contract
-copies a cached prefix of the same film into each, and films not in the image cache go through the vision tower
-once each, as one batch), prefills the chunks of every waiting prompt that fit in the budget in one packed
-forward, first come first served, then decodes one token for every running answer in one batched call. So a new
-arrival costs running streams one longer turn, never a queue of prompts one at a time. An answer joins the batch
-at the next turn after its prefill and leaves it when it stops; a closed browser tab frees its slot at the next
-turn.
+running answer, and the rest for prompt chunks. A turn drops cancelled answers, admits waiting ones (a cached
+prefix of the same film is placed in each: by reference on a paged backend, copied on others; films not in the
+image cache go through the vision tower once each, as one batch), queues the chunks of every waiting prompt that
+fit in the budget as one packed prefill, first come first served, queues one decode step for every running answer
+as one batched call, and only then reads the previous turn's tokens. So a new arrival costs running streams one
+longer turn, never a queue of prompts one at a time, and on a backend whose decode inputs live on the device the
+GPU already has this turn's work while Python reads the last. An answer joins the batch in the turn its prompt's
+last chunk is queued and leaves it when the host sees it stop; a closed browser tab frees its slot at the next turn.
 
 Taken from vLLM's V1 scheduler: the per-step token budget shared by decodes and chunked prefills (decodes first,
-so running streams never starve), and prefix-cache hits counted in tokens at admission. From SGLang: admit new
-prompts while any budget is left (its "prefill-first when there is room" policy), and keep detokenisation off
-the GPU loop: token ids go to a second thread (SGLang's detokenizer process, vLLM's output processor), which
-turns them into text and hands it to the waiting handlers. The loop thread only schedules, launches and reads ids.
-Not taken: vLLM's paged attention (the static slot cache and its CUDA-graph decode stay; prefix KV is copied in)
-and async scheduling of step N+1 while N runs (the contract reads each step's ids before the next).
+so running streams never starve), prefix-cache hits counted in tokens at admission, and its asynchronous scheduling
+(the next step is scheduled before the last one's output is processed). From SGLang: admit new prompts while any
+budget is left (its "prefill-first when there is room" policy); its overlap scheduler (each sequence's next input
+token stays on the device, so step N+1 is launched before the host reads step N, at the cost of one discarded
+step when an answer stops on its stop token); and detokenisation off the GPU loop: token ids go to a second
+thread (SGLang's detokenizer process, vLLM's output processor), which turns them into text for the handlers. The
+loop thread only schedules, launches and reads ids. A prompt that breaks a packed prefill is retried alone, so it
+fails alone and as the request's fault. Not taken: preemption and swapping (a conversation's KV is never evicted
+while it answers; the slot count bounds the batch instead), and speculative decoding.
 
 Why not transformers' continuous-batching manager: in 5.17 it takes token ids only (no images), and it drops its
 fast paths on sliding-window models such as Gemma 3. The contract's backends bring their own KV layouts (a
-DynamicCache, a static slot cache, an engine's buffers), so the scheduler only orders calls.
+DynamicCache, the fast path's paged cache, an engine's buffers), so the scheduler only orders calls.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from medgemma_xray.inference_api.contract import Generation, InferenceBackend
-from medgemma_xray.inference_api.errors import one_line
+from medgemma_xray.inference_api.contract import Generation, InferenceBackend, Launch
+from medgemma_xray.inference_api.errors import RequestError, one_line
 from medgemma_xray.inference_api.shared_caches import image_content_hash
 from medgemma_xray.inference_api.types import GenerationRequest, GenerationStats
 
@@ -154,8 +158,21 @@ class Scheduler:
         # Seconds the loop spent in each part of its turns (and how many turns, prompts, decode rows): what a
         # profile of a busy second reads (turn_profile()).
         self._profile = dict.fromkeys(
-            ("turns", "admit_s", "start_s", "prefill_s", "decode_s", "emit_s", "prefill_prompts", "decode_rows"), 0.0
+            (
+                "turns",
+                "admit_s",
+                "start_s",
+                "prefill_s",
+                "decode_s",
+                "wait_s",
+                "emit_s",
+                "prefill_prompts",
+                "decode_rows",
+                "launches_read_late",
+            ),
+            0.0,
         )
+        self._in_flight: list[Launch] = []  # the last turn's launches, read at the next turn (overlap)
         self._output_thread = threading.Thread(target=self._output_loop, name=f"{name}-output", daemon=True)
         self._output_thread.start()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -221,9 +238,9 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._prefilling or self._active or self._closing):
+                while not (self._waiting or self._prefilling or self._active or self._in_flight or self._closing):
                     self._cond.wait()
-                if self._closing and not (self._waiting or self._prefilling or self._active):
+                if self._closing and not (self._waiting or self._prefilling or self._active or self._in_flight):
                     return
             try:
                 self._turn()
@@ -236,55 +253,110 @@ class Scheduler:
         return dict(self._profile)
 
     def _turn(self) -> None:
+        """Queue this turn's prefill chunks and decode step, then read the previous turn's results while the device
+        works on them (SGLang's overlap scheduler; on a backend that does not overlap, launches run synchronously
+        and the previous turn has nothing left to read)."""
         profile, clock = self._profile, time.perf_counter
         began = clock()
         self._drop_cancelled()
         self._admit_waiting()
         admitted = clock()
         profile["admit_s"] += admitted - began
+        launches: list[Launch] = []
         if self._prefilling:
-            budget = max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
             profile["prefill_prompts"] += len(self._prefilling)
-            try:
-                done = self.backend.prefill_batch([ticket.started for ticket in self._prefilling], budget)
-            except Exception as exc:  # these answers fail; the running ones go on
-                logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
-                failed, self._prefilling = self._prefilling, []
-                for ticket in failed:
-                    self._end(ticket, exc)
-            else:
-                still = []
-                for ticket, finished in zip(self._prefilling, done, strict=True):
-                    if not finished:
-                        still.append(ticket)
-                        continue
-                    self._emit(ticket)
-                    if not ticket.started.done:
-                        self._active.append(ticket)
-                self._prefilling = still
+            launches.extend(self._launch_prefill(self._prefill_budget()))
+            ready = [t for t in self._prefilling if t.started.device_ready or t.started.done]
+            self._prefilling = [t for t in self._prefilling if not (t.started.device_ready or t.started.done)]
+            self._active.extend(ready)
         prefilled = clock()
         profile["prefill_s"] += prefilled - admitted
         if self._active:
             profile["decode_rows"] += len(self._active)
-            self.backend.step([ticket.started for ticket in self._active])
-            stepped = clock()
-            profile["decode_s"] += stepped - prefilled
-            still = []
-            for ticket in self._active:
+            launches.extend(self.backend.launch_step([ticket.started for ticket in self._active]))
+        launched = clock()
+        profile["decode_s"] += launched - prefilled
+        previous, self._in_flight = self._in_flight, launches
+        if launches:
+            profile["launches_read_late"] += len(previous)
+        if not self.backend.overlaps:
+            previous = [*previous, *launches]  # complete already: nothing waits
+        waited = emitted = 0.0
+        for launch in previous:  # the device is busy with this turn's launches meanwhile
+            began_wait = clock()
+            self.backend.complete(launch)
+            began_emit = clock()
+            waited += began_emit - began_wait
+            ended = set()
+            for ticket in self._tickets_of(launch):  # each launch's tokens go out as soon as they are read
                 self._emit(ticket)
-                if not ticket.started.done:
-                    still.append(ticket)
-            self._active = still
-            profile["emit_s"] += clock() - stepped
+                if ticket.started.done:
+                    ended.add(id(ticket))
+            if ended:  # only what was just emitted: an answer that ended in a later launch is emitted with it
+                self._active = [ticket for ticket in self._active if id(ticket) not in ended]
+            emitted += clock() - began_emit
+        profile["wait_s"] += waited
+        profile["emit_s"] += emitted
         profile["turns"] += 1
 
+    def _tickets_of(self, launch: Launch) -> list[Ticket]:
+        """The running tickets whose generations a launch served (ended ones were emitted and dropped already)."""
+        served = {id(generation) for generation in launch.generations}
+        return [ticket for ticket in self._active if id(ticket.started) in served]
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens this turn may prefill: the step's budget less one decode token per running answer."""
+        return max(MIN_PREFILL_TOKENS, self.max_batched_tokens - len(self._active))
+
+    def _launch_prefill(self, budget: int) -> list[Launch]:
+        """One packed launch for every waiting prompt. When it raises, each prompt is tried alone, so a prompt that
+        breaks the prefill fails alone: its batch-mates go on, and it fails as the request's fault (a RequestError,
+        which the circuit breaker never counts), unless every prompt fails alone (then the backend is at fault)."""
+        generations = [ticket.started for ticket in self._prefilling]
+        try:
+            launch = self.backend.launch_prefill(generations, budget)
+            return [launch] if launch is not None else []
+        except Exception as exc:
+            logger.error("prefill failed: %s: %s", type(exc).__name__, one_line(exc))
+            batch_error: BaseException = exc
+        if len(self._prefilling) == 1:
+            self._end(self._prefilling[0], batch_error)
+            self._prefilling = []
+            return []
+        launches, failed = [], []
+        for ticket in self._prefilling:
+            try:
+                launch = self.backend.launch_prefill([ticket.started], budget)
+            except Exception as exc:
+                failed.append((ticket, exc))
+                continue
+            if launch is not None:
+                launches.append(launch)
+        if len(failed) == len(self._prefilling):  # none succeeded alone: the backend, not a prompt, is at fault
+            for ticket, _ in failed:
+                self._end(ticket, batch_error)
+        else:
+            for ticket, own_error in failed:
+                logger.warning(
+                    "a prompt failed its prefill alone: %s: %s", type(own_error).__name__, one_line(own_error)
+                )
+                self._end(ticket, _prompt_error(own_error))
+        dropped = {id(ticket) for ticket, _ in failed}
+        self._prefilling = [ticket for ticket in self._prefilling if id(ticket) not in dropped]
+        return launches
+
     def _admit_waiting(self) -> None:
-        admitted: list[Ticket] = []
-        with self._cond:
-            while self._waiting and self.running + len(admitted) < self.max_active:
-                admitted.append(self._waiting.popleft())
-        started = []
-        for ticket in admitted:
+        """Start waiting answers while this turn's prefill budget has room for their prompts (vLLM admits a request
+        only when its tokens fit the step), so the films admitted in one turn are those whose prefill starts in it:
+        a class arriving at once has its vision tower work spread over turns, beside the running decodes, instead
+        of all of it in one long turn that stalls every stream."""
+        room = self._prefill_budget() - sum(len(t.started.prompt.ids) - t.started.prefilled for t in self._prefilling)
+        started: list[Ticket] = []
+        while room > 0:
+            with self._cond:
+                if not self._waiting or self.running + len(started) >= self.max_active:
+                    break
+                ticket = self._waiting.popleft()
             if ticket.cancelled:
                 ticket.stats.finish_reason = "cancelled"
                 self._outbox.put((ticket, [], False, True, None))
@@ -300,6 +372,7 @@ class Scheduler:
             generation.defer_text = True
             ticket._admit(generation)
             started.append(ticket)
+            room -= len(generation.prompt.ids) - generation.prefilled
         if started:
             try:
                 self.backend.prepare_images([ticket.started for ticket in started])
@@ -339,4 +412,17 @@ class Scheduler:
     def _fail_all(self, exc: BaseException) -> None:
         for ticket in [*self._prefilling, *self._active]:
             self._end(ticket, exc)
-        self._prefilling, self._active = [], []
+        self._prefilling, self._active, self._in_flight = [], [], []
+
+
+def _prompt_error(exc: BaseException) -> RequestError:
+    """A prompt's own prefill failure, as the user's to fix (never counted against the backend)."""
+    error = (
+        exc
+        if isinstance(exc, RequestError)
+        else RequestError(
+            f"this question could not be processed ({type(exc).__name__}: {one_line(exc)}); rephrase it without "
+            "special markers or start a new case"
+        )
+    )
+    return error

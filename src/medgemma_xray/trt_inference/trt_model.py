@@ -105,6 +105,7 @@ class TRTInference(InferenceBackend):
         self.preprocess = ImagePreprocessor(processor_config.get("image_processor", processor_config))
         self.stop_token_ids = frozenset(manifest["tokens"]["eos"])
         self.image_token_id = self.text.image_token_id
+        self.image_tokens_per_film = self.image_tokens  # the contract refuses image markers typed into a question
         logger.info(
             "loaded engine bundle %s (%s, %s) with executor %s%s in %.1f s%s%s",
             self.bundle_dir,

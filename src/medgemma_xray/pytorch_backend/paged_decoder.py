@@ -1,12 +1,21 @@
-"""Gemma 3's text decoder over a slotted static KV cache: batched decode steps and chunked prefill.
+"""Gemma 3's text decoder over a paged KV cache: batched decode steps fed from the device, and packed prefill.
 
 The math is transformers' Gemma3 (RMSNorm with (1 + w) in fp32, q/k norms, rotate-half RoPE with per-layer-type
 tables, GELU-tanh MLP, tied lm_head), written against the loaded model's own weights, so the eager model and this
 path share one copy of them (q/k/v and gate/up are fused into single matrices, and the model's modules are
-re-pointed at views of those). What differs is the state: every conversation owns one slot of one preallocated
-cache, so a decode step is one fixed-shape call for any mix of sequences: what a CUDA graph can capture. Prefill
-packs the chunks of several prompts along the token axis into one forward (vLLM's varlen batches): the weights are
-read once for all of them.
+re-pointed at views of those).
+
+The state (vLLM's paged attention, SGLang's device-side token map):
+- every layer's keys and values live in one pool of pages of PAGE_TOKENS positions; a sequence row's block table
+  names its pages, so conversations on one film share the pages of its prompt by reference, and a follow-up writes
+  on into its own pages;
+- every sequence row keeps its next input token and position on the device (`row_tokens`, `row_positions`): a
+  prefill leaves its first answer token there and each decode step its next one, so the host can queue step N+1
+  before it has read step N (the scheduler's overlap), and a decode step is one fixed-shape call for any mix of
+  rows: what a CUDA graph captures.
+Prefill packs the chunks of several prompts along the token axis into one forward (vLLM's varlen batches): the
+weights are read once for all of them, and attention is one kernel per layer over every chunk
+(prefill_attention.py).
 """
 
 from __future__ import annotations
@@ -17,46 +26,36 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from medgemma_xray.pytorch_backend.decode_attention import decode_attention
+from medgemma_xray.pytorch_backend.decode_attention import PAGE_TOKENS, write_decode_attention
+from medgemma_xray.pytorch_backend.prefill_attention import PrefillChunk, PrefillPlan, prefill_attention
 
-# Prefill shapes differ for every prompt. cuDNN's attention builds a plan per new shape (the suspected cause of
-# 100 ms to 2 s first-token times on the H200, 2026-12-01), so prefill uses the memory-efficient kernel, or math.
+# A prefill bucket's attention (prefill_static) reads only its own keys, in registers: the memory-efficient kernel
+# (cuDNN builds a plan per new shape: 100 ms to 2 s first-token times on the H200, 2026-12-01), or math.
 PREFILL_ATTENTION = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-@torch.library.custom_op("medgemma::decode_attention", mutates_args=("k_cache", "v_cache"))
+@torch.library.custom_op("medgemma::paged_decode_attention", mutates_args=("k_cache", "v_cache"))
 def cached_decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    rows: torch.Tensor,
     positions: torch.Tensor,
     window: int,
     scale: float,
 ) -> torch.Tensor:
-    """Write each sequence's new key/value at its position, then attend over its filled part. One opaque op, so
-    torch.compile fuses everything around it and the kernel keeps its own launch."""
-    k_cache[slots, :, positions] = k
-    v_cache[slots, :, positions] = v
-    return decode_attention(q, k_cache, v_cache, slots, positions + 1, window, scale)
+    """Write each sequence's new key/value at its position and attend over its filled part: on CUDA one Triton
+    launch (the write inside the attention kernel, which reads the new key from registers: the same values a
+    separate write would store), plus the split merge. One opaque op, so torch.compile fuses everything around it."""
+    return write_decode_attention(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale)
 
 
 @cached_decode_attention.register_fake
-def _(q, k, v, k_cache, v_cache, slots, positions, window, scale):
+def _(q, k, v, k_cache, v_cache, block_tables, rows, positions, window, scale):
     return torch.empty_like(q)
-
-
-@dataclass
-class PrefillSegment:
-    """One prompt chunk of a packed prefill: positions start..end-1 of `slot`; blocks: (end,) image block ids of
-    every key (-1 for text), so image tokens attend to their whole image."""
-
-    slot: int
-    start: int
-    end: int
-    blocks: torch.Tensor
 
 
 @dataclass
@@ -74,8 +73,8 @@ class LayerWeights:
     sliding: bool
 
 
-class StaticGemmaDecoder:
-    def __init__(self, model, slots: int, max_len: int) -> None:
+class PagedGemmaDecoder:
+    def __init__(self, model, rows: int, max_len: int, pages: int) -> None:
         text_model = model.model.language_model
         config = model.config.get_text_config()
         weight = next(model.parameters())
@@ -87,8 +86,10 @@ class StaticGemmaDecoder:
         self.scale = config.query_pre_attn_scalar**-0.5
         self.window = config.sliding_window
         self.softcap = getattr(config, "final_logit_softcapping", None)
-        self.slots, self.max_len = slots, max_len
-        self.dummy_slot = slots  # padding rows of a captured batch write here, never into a conversation
+        self.rows, self.max_len, self.pages = rows, max_len, pages
+        self.dummy_row = rows  # padding rows of a captured batch: their own block table, all on the dummy page
+        self.dummy_page = pages  # what padding rows and positions past a prompt's end write to
+        self.max_pages = -(-max_len // PAGE_TOKENS)
         self.embed = text_model.embed_tokens
         # As the model's embedding module: sqrt(hidden), rounded to the weights' dtype (transformers#29402).
         self.embed_scale = text_model.embed_tokens.embed_scale.to(self.device, self.dtype)
@@ -96,51 +97,41 @@ class StaticGemmaDecoder:
         self.lm_head = model.lm_head.weight
         self.layers = [self._fuse(layer, config.layer_types[index]) for index, layer in enumerate(text_model.layers)]
         self.cos, self.sin = self._rope_tables(text_model.rotary_emb, sorted(set(config.layer_types)))
-        shape = (slots + 1, self.kv_heads, max_len, self.head_dim)
+        shape = (pages + 1, PAGE_TOKENS, self.kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-
-        self.k_pool: list[torch.Tensor] = []
-        self.v_pool: list[torch.Tensor] = []
-        self.block_tokens = 16
+        self.block_tables = torch.full(
+            (rows + 1, self.max_pages), self.dummy_page, dtype=torch.int32, device=self.device
+        )
+        self.row_tokens = torch.zeros(rows + 1, dtype=torch.long, device=self.device)
+        self.row_positions = torch.zeros(rows + 1, dtype=torch.long, device=self.device)
 
     @property
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.k_cache, *self.v_cache))
 
-    # --- the prefix block pool: KV of common prompt prefixes, shared by copy-on-admit -------------------------------
-    def block_bytes(self, block_tokens: int) -> int:
-        """Bytes of one pool block: every layer's keys and values for block_tokens tokens."""
+    def page_bytes(self) -> int:
+        """Bytes of one page: every layer's keys and values for PAGE_TOKENS positions."""
         element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * len(self.layers) * self.kv_heads * block_tokens * self.head_dim * element
+        return 2 * len(self.layers) * self.kv_heads * PAGE_TOKENS * self.head_dim * element
 
-    def allocate_prefix_pool(self, blocks: int, block_tokens: int) -> None:
-        self.block_tokens = block_tokens
-        shape = (blocks, self.kv_heads, block_tokens, self.head_dim)
-        self.k_pool = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers] if blocks else []
-        self.v_pool = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers] if blocks else []
+    @staticmethod
+    def page_bytes_for(model) -> int:
+        config = model.config.get_text_config()
+        element = next(model.parameters()).element_size()
+        layers = config.num_hidden_layers
+        return 2 * layers * config.num_key_value_heads * PAGE_TOKENS * config.head_dim * element
 
-    def load_prefix(self, slot: int, pool_ids: list[int], length: int) -> None:
-        """Copy pool blocks (in order) into `slot` at positions 0..; positions past `length` are overwritten by the
-        prefill that follows before anything reads them."""
-        ids = torch.tensor(pool_ids, device=self.device)
-        tokens = len(pool_ids) * self.block_tokens
-        for pool, cache in ((self.k_pool, self.k_cache), (self.v_pool, self.v_cache)):
-            for layer_pool, layer_cache in zip(pool, cache, strict=True):
-                blocks = layer_pool.index_select(0, ids)  # (n, kv_heads, B, dim)
-                layer_cache[slot, :, :tokens] = blocks.transpose(0, 1).reshape(self.kv_heads, tokens, self.head_dim)
+    # --- the page state the host keeps in step ---------------------------------------------------------------------
+    def set_tables(self, rows: list[int], tables: torch.Tensor) -> None:
+        """Block-table rows (len(rows), max_pages) int32 from the host, queued behind the work already launched."""
+        index = _to_device(torch.tensor(rows, dtype=torch.long), self.device)
+        self.block_tables.index_copy_(0, index, _to_device(tables, self.device))
 
-    def save_prefix(self, slot: int, pairs: list[tuple[int, int]]) -> None:
-        """Copy `slot`'s prompt block `index` into pool block `pool_id`, for each (index, pool_id)."""
-        size = self.block_tokens
-        indices = torch.tensor([index for index, _ in pairs], device=self.device)
-        targets = torch.tensor([pool_id for _, pool_id in pairs], device=self.device)
-        positions = (indices[:, None] * size + torch.arange(size, device=self.device)[None]).flatten()
-        for pool, cache in ((self.k_pool, self.k_cache), (self.v_pool, self.v_cache)):
-            for layer_pool, layer_cache in zip(pool, cache, strict=True):
-                rows = layer_cache[slot].index_select(1, positions)  # (kv_heads, n*B, dim)
-                rows = rows.view(self.kv_heads, len(pairs), size, self.head_dim).transpose(0, 1)
-                layer_pool.index_copy_(0, targets, rows.contiguous())
+    def copy_page(self, source: int, target: int) -> None:
+        """Every layer's keys and values of one page into another (copy-on-write of a shared page)."""
+        for cache in (*self.k_cache, *self.v_cache):
+            cache[target].copy_(cache[source])
 
     # --- weights ----------------------------------------------------------------------------------------------
     def _fuse(self, layer, layer_type: str) -> LayerWeights:
@@ -174,8 +165,21 @@ class StaticGemmaDecoder:
         return cos, sin
 
     # --- the step -------------------------------------------------------------------------------------------------
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor):
-        """One token for each sequence: tokens, positions, slots are (batch,) int64 on the device.
+    def advance(self, step, rows: torch.Tensor):
+        """One decode step of `step` (this decoder's `decode`, or an 8-bit step over the same state) for sequence
+        rows `rows` (batch,) int64, fed from and written back to the rows' device state. Padding rows name the
+        dummy row. Returns (ids, logprobs), each (batch,), on the device. Reads no host value: capturable."""
+        tokens, positions = self.row_tokens[rows], self.row_positions[rows]
+        ids, logprobs = step(tokens, positions, rows)
+        self.row_tokens.index_put_((rows,), ids)
+        # Padding rows stay at position 0 of the dummy row: every replay would otherwise move it one on, past the
+        # end of its block table and the rotary tables after a few thousand steps.
+        following = torch.where(rows == self.dummy_row, torch.zeros_like(positions), positions + 1)
+        self.row_positions.index_put_((rows,), following)
+        return ids, logprobs
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor):
+        """One token for each sequence: tokens, positions, rows are (batch,) int64 on the device.
 
         Returns (next token ids (batch,) int64, their log-probabilities (batch,) float32), both on the device.
         `layer_step` and `sample` may be replaced by compiled versions: each is one compiled graph reused by every
@@ -196,10 +200,11 @@ class StaticGemmaDecoder:
                 layer.k_norm,
                 self.k_cache[index],
                 self.v_cache[index],
+                self.block_tables,
                 self.cos[layer.sliding],
                 self.sin[layer.sliding],
                 positions,
-                slots,
+                rows,
                 layer.sliding,
             )
         return self.sample(x)
@@ -219,10 +224,11 @@ class StaticGemmaDecoder:
         k_norm,
         k_cache,
         v_cache,
+        block_tables,
         cos_table,
         sin_table,
         positions,
-        slots,
+        rows,
         sliding: bool,
     ):
         """One decoder layer for a batch of single tokens; tensors only (plus one bool), so one compiled graph
@@ -237,7 +243,7 @@ class StaticGemmaDecoder:
         k = k * cos + _rotate_half(k) * sin
         window = self.window if sliding else 0
         attended = cached_decode_attention(
-            q, k, v.view(batch, kv_heads, dim), k_cache, v_cache, slots, positions, window, self.scale
+            q, k, v.view(batch, kv_heads, dim), k_cache, v_cache, block_tables, rows, positions, window, self.scale
         )
         x = x + _rms_norm(attended.reshape(batch, -1) @ o.T, post_attention_norm, eps)
         h = _rms_norm(x, pre_feedforward_norm, eps)
@@ -249,76 +255,91 @@ class StaticGemmaDecoder:
         best = logprobs.max(dim=-1)
         return best.indices, best.values
 
-    def prefill(self, slot: int, embeds: torch.Tensor, start: int, blocks: torch.Tensor) -> torch.Tensor:
-        """Run embeds (1, n, hidden) at positions start..start+n-1 into `slot`; return the last position's logits.
-
-        blocks: (start+n,) image block id of every key (-1 for text): image tokens attend to their whole image."""
-        segment = PrefillSegment(slot, start, start + embeds.shape[1], blocks)
-        return self.prefill_packed([segment], embeds[0], [0])
-
-    def prefill_packed(self, segments: list[PrefillSegment], embeds: torch.Tensor, logit_segments: list[int]):
+    def prefill_packed(self, chunks: list[PrefillChunk], embeds: torch.Tensor, write_index: torch.Tensor, logit_chunks):
         """Several prompt chunks in one forward, packed along the token axis (varlen, no padding).
 
-        embeds: (sum of chunk lengths, hidden), the chunks in `segments` order. The linear layers, norms and rotary
-        run once over every token (`prefill_qkv` / `prefill_out`, which warm-up may compile: one graph, reused by all
-        layers, dynamic in the token count); attention runs per chunk against its own slot, so chunks never see
-        each other. Returns the logits (len(logit_segments), vocab) of the last token of each listed segment."""
+        embeds: (sum of chunk lengths, hidden), the chunks in order; write_index: (same,) int64, the flat cache index
+        (page * PAGE_TOKENS + offset) of each token's position, from the host's page lists. The linear layers,
+        norms and rotary run once over every token (`prefill_qkv` / `prefill_out`, which warm-up may compile: one
+        graph, reused by all layers, dynamic in the token count); each layer writes every chunk's keys and values
+        into its pages, then one attention kernel serves every chunk against its own sequence, so chunks never see
+        each other. Chunks listed in logit_chunks sample their greedy next token, which is also left in their row's
+        device state with the next position (a decode step may follow before the host reads it).
+        Returns (ids, logprobs), each (len(logit_chunks),), on the device; None when logit_chunks is empty."""
+        last = self._prefill_last_rows(chunks, embeds, write_index, logit_chunks)
+        if last is None:
+            return None
+        logprobs = torch.log_softmax(self._logits(last).float(), dim=-1)
+        best = logprobs.max(dim=-1)
+        rows = torch.tensor([chunks[i].row for i in logit_chunks])
+        next_positions = torch.tensor([chunks[i].end for i in logit_chunks])
+        rows, next_positions = _to_device(rows, self.device), _to_device(next_positions, self.device)
+        self.row_tokens.index_put_((rows,), best.indices)
+        self.row_positions.index_put_((rows,), next_positions)
+        return best.indices, best.values
+
+    def prompt_logits(self, chunk: PrefillChunk, embeds: torch.Tensor, write_index: torch.Tensor) -> torch.Tensor:
+        """float32 logits (vocab,) after a whole prompt (the precision checks compare distributions)."""
+        last = self._prefill_last_rows([chunk], embeds, write_index, [0])
+        assert last is not None  # one chunk asked for
+        return self._logits(last)[0].float()
+
+    def _prefill_last_rows(self, chunks, embeds, write_index, logit_chunks) -> torch.Tensor | None:
+        """The packed forward; the final hidden state of the last token of each chunk in logit_chunks."""
         x = embeds.to(self.dtype)
-        positions = torch.cat([torch.arange(s.start, s.end, device=self.device) for s in segments])
+        positions = torch.cat([torch.arange(c.start, c.end) for c in chunks]).to(self.device, non_blocking=True)
         lone_token = x.shape[0] == 1
         if lone_token:  # a compiler specialises size 1: pad to 2 rows rather than recompile while serving
             x, positions = x.repeat(2, 1), positions.repeat(2)
-        bounds, offset = [], 0
-        for segment in segments:
-            bounds.append((offset, offset + segment.end - segment.start))
-            offset += segment.end - segment.start
-        masks = [
-            {sliding: self._prefill_mask(positions[a:b], s.end, s.blocks, sliding) for sliding in (False, True)}
-            for s, (a, b) in zip(segments, bounds, strict=True)
-        ]
+        plan = PrefillPlan.build(chunks, self.device)
         rope = {sliding: (self.cos[sliding][positions], self.sin[sliding][positions]) for sliding in (False, True)}
-        group = self.heads // self.kv_heads
+        flat_shape = (-1, self.kv_heads, self.head_dim)
+        tokens = write_index.shape[0]
         for index, layer in enumerate(self.layers):
             cos, sin = rope[layer.sliding]
             q, k, v = self.prefill_qkv(x, layer.qkv, layer.input_norm, layer.q_norm, layer.k_norm, cos, sin)
             k_cache, v_cache = self.k_cache[index], self.v_cache[index]
-            outputs = []
-            for segment, (a, b), mask in zip(segments, bounds, masks, strict=True):
-                slot, first, last = segment.slot, segment.start, segment.end
-                k_cache[slot, :, first:last] = k[a:b].transpose(0, 1)
-                v_cache[slot, :, first:last] = v[a:b].transpose(0, 1)
-                keys = k_cache[slot : slot + 1, :, :last].repeat_interleave(group, dim=1)
-                values = v_cache[slot : slot + 1, :, :last].repeat_interleave(group, dim=1)
-                with sdpa_kernel(PREFILL_ATTENTION):
-                    attended = F.scaled_dot_product_attention(
-                        q[a:b].transpose(0, 1)[None], keys, values, attn_mask=mask[layer.sliding], scale=self.scale
-                    )  # (1, heads, n, dim)
-                outputs.append(attended[0].transpose(0, 1).reshape(b - a, -1))
-            attended = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            k_cache.view(flat_shape).index_copy_(0, write_index, k[:tokens])
+            v_cache.view(flat_shape).index_copy_(0, write_index, v[:tokens])
+            window = self.window if layer.sliding else 0
+            attended = prefill_attention(q[:tokens], k_cache, v_cache, self.block_tables, plan, window, self.scale)
+            attended = attended.reshape(tokens, -1)
             if lone_token:
                 attended = attended.repeat(2, 1)
             x = self._layer_rest(x, attended, layer)
-        last_rows = torch.tensor([bounds[i][1] - 1 for i in logit_segments], device=self.device)
-        return self._logits(x[last_rows])
+        if not logit_chunks:
+            return None
+        ends, offset = [], 0
+        for chunk in chunks:
+            offset += chunk.end - chunk.start
+            ends.append(offset - 1)
+        last_rows = _to_device(torch.tensor([ends[i] for i in logit_chunks]), self.device)
+        return x.index_select(0, last_rows)
 
-    def prefill_static(self, x, blocks, slot, last_row):
+    def prefill_static(self, x, blocks, row, last_row):
         """A whole prompt from position 0 at a fixed row count (a prefill bucket): what a CUDA graph captures.
 
         x: (B, hidden) embeddings, the prompt's n rows then padding; blocks: (B,) image block id per row (-1 for
-        text and padding); slot: (1,) int64; last_row: (1,) int64, n - 1. Rows past n are causal after every
-        prompt row, so no prompt row sees them; they write keys/values at positions n..B-1 of the slot, which the
-        decode steps overwrite before anything reads them. No host value is read: nothing here syncs.
-        Returns (the greedy next token (1,), its log-probability (1,)) on the device."""
-        rows = x.shape[0]
-        positions = torch.arange(rows, device=x.device)
-        masks = {sliding: self._prefill_mask(positions, rows, blocks, sliding) for sliding in (False, True)}
-        rope = {sliding: (self.cos[sliding][:rows], self.sin[sliding][:rows]) for sliding in (False, True)}
+        text and padding); row: (1,) int64, the sequence row (its block table covers positions 0..n-1); last_row:
+        (1,) int64, n - 1. Rows past n are causal after every prompt row, so no prompt row sees them, and their
+        keys/values go to the dummy page. No host value is read: nothing here syncs. Leaves the greedy next token
+        and position n in the row's device state; returns (that token (1,), its log-probability (1,))."""
+        count = x.shape[0]
+        positions = torch.arange(count, device=x.device)
+        masks = {sliding: self._static_mask(positions, count, blocks, sliding) for sliding in (False, True)}
+        rope = {sliding: (self.cos[sliding][:count], self.sin[sliding][:count]) for sliding in (False, True)}
+        # block_tables[row][0], not block_tables[row[0]]: a 0-dim tensor index is read on the host (a sync, which
+        # invalidates a graph capture)
+        pages = self.block_tables[row][0][positions // PAGE_TOKENS].long()
+        pages = torch.where(positions <= last_row, pages, torch.full_like(pages, self.dummy_page))
+        write_index = pages * PAGE_TOKENS + positions % PAGE_TOKENS
+        flat_shape = (-1, self.kv_heads, self.head_dim)
         group = self.heads // self.kv_heads
         for index, layer in enumerate(self.layers):
             cos, sin = rope[layer.sliding]
             q, k, v = self.prefill_qkv(x, layer.qkv, layer.input_norm, layer.q_norm, layer.k_norm, cos, sin)
-            self.k_cache[index][slot, :, positions] = k
-            self.v_cache[index][slot, :, positions] = v
+            self.k_cache[index].view(flat_shape).index_copy_(0, write_index, k)
+            self.v_cache[index].view(flat_shape).index_copy_(0, write_index, v)
             # from position 0, this prompt's keys are all the keys: no read back from the cache
             keys = k.transpose(0, 1)[None].repeat_interleave(group, dim=1)
             values = v.transpose(0, 1)[None].repeat_interleave(group, dim=1)
@@ -326,9 +347,11 @@ class StaticGemmaDecoder:
                 attended = F.scaled_dot_product_attention(
                     q.transpose(0, 1)[None], keys, values, attn_mask=masks[layer.sliding], scale=self.scale
                 )
-            x = self._layer_rest(x, attended[0].transpose(0, 1).reshape(rows, -1), layer)
+            x = self._layer_rest(x, attended[0].transpose(0, 1).reshape(count, -1), layer)
         logprobs = torch.log_softmax(self._logits(x.index_select(0, last_row)).float(), dim=-1)
         best = logprobs.max(dim=-1)
+        self.row_tokens.index_put_((row,), best.indices)
+        self.row_positions.index_put_((row,), last_row + 1)
         return best.indices, best.values
 
     def prefill_qkv(self, x, qkv, input_norm, q_norm, k_norm, cos, sin):
@@ -362,7 +385,7 @@ class StaticGemmaDecoder:
         gate, up = (h @ gate_up.T).split(self.intermediate, dim=-1)
         return x + _rms_norm((F.gelu(gate, approximate="tanh") * up) @ down.T, post_ff_norm, eps)
 
-    def _prefill_mask(self, positions, end: int, blocks, sliding: bool) -> torch.Tensor:
+    def _static_mask(self, positions, end: int, blocks, sliding: bool) -> torch.Tensor:
         keys = torch.arange(end, device=self.device)
         allowed = keys[None, :] <= positions[:, None]
         query_blocks = blocks[positions]
@@ -398,3 +421,10 @@ def _rms_norm(x, weight, eps: float):
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the device, queued behind the launched work (pinned, so the copy is asynchronous)."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
