@@ -109,6 +109,9 @@ class Settings:
     # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
     film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
     film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
+    # --- the film intake (intake/): one decoded-film cache and one bound on decodes, for every door ---
+    film_cache_mb: int = 512  # decoded films kept by content hash (model images; /teaching's full-resolution values)
+    film_decodes: int = 2  # films decoded at once in the whole server; more wait their turn
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -173,6 +176,8 @@ class Settings:
             raise SettingsError(f"MEMORY_MAX_MB must be 0 (no limit) or at least 2048, got {self.memory_max_mb}")
         _in_range("LOG_REPEATS_PER_MINUTE", self.log_repeats_per_minute, 1, 1_000_000)
         _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
+        _in_range("FILM_CACHE_MB", self.film_cache_mb, 0, 1 << 20)
+        _in_range("FILM_DECODES", self.film_decodes, 1, 256)
         return self
 
     @property
