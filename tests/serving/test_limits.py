@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from medgemma_xray.web.limits import LimitExceeded, RequestLimits
 
 LIMITS = RequestLimits(max_turns=3, max_prompt_tokens=40)

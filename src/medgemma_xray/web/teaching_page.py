@@ -249,9 +249,10 @@ def export_label(title: str) -> str:
     return label or "case"
 
 
-def export_name(kind: str, label: str, extension: str, day: datetime.date | None = None) -> str:
-    """2026-12-03_teaching-report-3f9a_right-pleural-effusion.md: the date, the export's short id and the case."""
-    return f"{(day or datetime.date.today()).isoformat()}_{kind}-{uuid.uuid4().hex[:4]}_{label}.{extension}"
+def export_stem(kind: str, label: str, day: datetime.date | None = None) -> str:
+    """2026-12-03_teaching-report-3f9a_right-pleural-effusion: the date, the export's short id and the case, so two
+    exports never share a name (the files of one export share the stem)."""
+    return f"{(day or datetime.date.today()).isoformat()}_{kind}-{uuid.uuid4().hex[:4]}_{label}"
 
 
 def _write_private(folder: Path, name: str, data: bytes) -> str:
@@ -693,8 +694,9 @@ def export_report(page: TeachingPage, values: dict) -> dict:
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
     label = export_label(round_.title)
-    md = _write_private(folder, export_name("teaching-report", label, "md"), markdown)
-    dcm = _write_private(folder, export_name("teaching-report", label, "dcm"), sr)
+    stem = export_stem("teaching-report", label)
+    md = _write_private(folder, f"{stem}.md", markdown)
+    dcm = _write_private(folder, f"{stem}-sr.dcm", sr)
     return {"report_md": gr.update(value=md, visible=True), "report_sr": gr.update(value=dcm, visible=True)}
 
 
@@ -710,13 +712,9 @@ def export_session(page: TeachingPage, values: dict) -> dict:
         raise refused("Nothing to export yet: reveal at least one case.", logger, "teaching")
     folder = Path(tempfile.mkdtemp(prefix="teaching-session-", dir=page.export_root))
     records = list(held.records)
-    label = f"{len(records)}-cases"
-    csv_path = _write_private(
-        folder, export_name("teaching-session", label, "csv"), session_csv(records, held.forbidden).encode("utf-8")
-    )
-    pdf_path = _write_private(
-        folder, export_name("teaching-session", label, "pdf"), session_pdf(records, held.forbidden)
-    )
+    stem = export_stem("teaching-session", f"{len(records)}-cases")
+    csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden).encode("utf-8"))
+    pdf_path = _write_private(folder, f"{stem}.pdf", session_pdf(records, held.forbidden))
     return {
         "session_csv": gr.update(value=csv_path, visible=True),
         "session_pdf": gr.update(value=pdf_path, visible=True),
