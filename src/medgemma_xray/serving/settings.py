@@ -90,6 +90,8 @@ class Settings:
     )
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    questions_per_minute: int = 0  # questions and reports one client (login name, else address) may start a
+    #   minute, at every door (web/asking.py); 0: no throttling
     # --- teaching rounds (issue 23, web/teaching_page.py) ---
     case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
     sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
@@ -163,6 +165,7 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _in_range("QUESTIONS_PER_MINUTE", self.questions_per_minute, 0, 1_000_000)
         _in_range("SESSION_TTL_S", self.session_ttl_s, 10, 7 * 86_400)
         _in_range("SESSION_CAPACITY", self.session_capacity, 10, 100_000)
         _in_range("HEADER_TIMEOUT_S", self.header_timeout_s, 1, 600)
