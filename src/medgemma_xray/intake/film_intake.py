@@ -12,11 +12,12 @@ turn, so forty requests carrying a 6000-px film cost two decodes' memory at a ti
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import hashlib
 import logging
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,7 +120,9 @@ class FilmIntake:
         self._slots = threading.BoundedSemaphore(self.config.max_decodes)
         self._count_lock = threading.Lock()
         self._decoding = 0
-        self.peak_decodes = 0  # the most decodes that ever ran at once (tests, and the operator's curiosity)
+        self._waiting = 0
+        self.peak_decodes = 0  # the most decodes that ever ran at once
+        self.decodes = 0  # decodes started, ever (a film served from the cache starts none)
 
     @classmethod
     def shared(cls, config: IntakeConfig) -> FilmIntake:
@@ -135,24 +138,32 @@ class FilmIntake:
         return cls.shared(IntakeConfig.from_settings(settings))
 
     # --- reading ---------------------------------------------------------------------------------------------------
-    def read(self, data: bytes, *, keep_values: bool = False) -> IntakeFilm:
-        """The film in `data` (DICOM, PNG or JPEG, sniffed by content). keep_values: also keep the film's own values
-        (xray_io.values) for a viewer, under the same key. Raises NotAnImage, NotAChestFilm or FilmTooLarge."""
-        data = bytes(data)
-        if len(data) > self.config.max_bytes:
-            raise FilmTooLarge(
-                f"The file is larger than the {self.config.max_bytes / 2**20:g} MiB limit "
-                f"({len(data) / 2**20:.1f} MiB). Export a single film at its native resolution."
-            )
-        key = hashlib.sha256(data).hexdigest()
-        if keep_values:
-            self._cache.get_or_make(_values_key(key), lambda: self._decode_values(key, data))
-        film = self._cache.get_or_make(_film_key(key), lambda: self._decode(key, data, keep_values=False)[0])
-        if not isinstance(film, IntakeFilm):  # the "film:" entries hold nothing else
-            raise TypeError(f"the film cache held a {type(film).__name__} under a film key")
-        return film
+    def read(self, data: bytes) -> IntakeFilm:
+        """The film in `data` (DICOM, PNG or JPEG, sniffed by content). Raises NotAnImage, NotAChestFilm or
+        FilmTooLarge, each with a message that says what to do."""
+        key = self._key(data)
+        return self._film(key, data)
 
-    def read_path(self, path: str | os.PathLike[str], *, keep_values: bool = False) -> IntakeFilm:
+    def read_with_values(self, data: bytes) -> tuple[IntakeFilm, FilmValues]:
+        """read(), and from the same decode the film's own values (xray_io.values) for a viewer that windows and
+        measures them. Both are kept in the cache (the values under FilmIntake.values(film.key)) as the budget
+        allows; they are returned either way."""
+        key = self._key(data)
+        made: dict[str, IntakeFilm] = {}
+
+        def decode_both() -> FilmValues:
+            film, values = self._decode(key, data, keep_values=True)
+            made["film"] = film
+            if values is None:  # the loader returns them whenever keep_values is set
+                raise RuntimeError("the loader returned no film values")
+            return values
+
+        values = self._cache.get_or_make(_values_key(key), decode_both)
+        if not isinstance(values, FilmValues):
+            raise TypeError(f"the film cache held a {type(values).__name__} under a values key")
+        return made.get("film") or self._film(key, data), values
+
+    def read_path(self, path: str | os.PathLike[str]) -> IntakeFilm:
         """read() of a file, its size checked before it is read. Errors never name the file."""
         path = Path(path)
         try:
@@ -160,20 +171,17 @@ class FilmIntake:
         except OSError as exc:
             raise NotAnImage("The file could not be opened. Check that it exists and can be read.") from exc
         if size > self.config.max_bytes:
-            raise FilmTooLarge(
-                f"The file is larger than the {self.config.max_bytes / 2**20:g} MiB limit ({size / 2**20:.1f} MiB). "
-                "Export a single film at its native resolution."
-            )
-        return self.read(path.read_bytes(), keep_values=keep_values)
+            raise self._too_large(size)
+        return self.read(path.read_bytes())
 
-    async def read_async(self, data: bytes, *, keep_values: bool = False) -> IntakeFilm:
+    async def read_async(self, data: bytes) -> IntakeFilm:
         """read() on a worker thread, for a door on an event loop (the decode never blocks the loop)."""
         import anyio
 
-        return await anyio.to_thread.run_sync(functools.partial(self.read, data, keep_values=keep_values))
+        return await anyio.to_thread.run_sync(self.read, data)
 
     def values(self, key: str) -> FilmValues | None:
-        """The film's own values kept by read(keep_values=True), or None once the cache has let them go."""
+        """The film's own values kept by read_with_values, or None once the cache has let them go."""
         found = self._cache.get(_values_key(key))
         return found if isinstance(found, FilmValues) else None
 
@@ -188,8 +196,52 @@ class FilmIntake:
             return self._decoding
 
     @property
+    def waiting(self) -> int:
+        """Decodes waiting for a free slot now."""
+        with self._count_lock:
+            return self._waiting
+
+    @property
     def cache_bytes(self) -> int:
         return self._cache.held_bytes
+
+    def _key(self, data: bytes) -> str:
+        if len(data) > self.config.max_bytes:
+            raise self._too_large(len(data))
+        return hashlib.sha256(data).hexdigest()
+
+    def _too_large(self, size: int) -> FilmTooLarge:
+        return FilmTooLarge(
+            f"The file is larger than the {self.config.max_bytes / 2**20:g} MiB limit ({size / 2**20:.1f} MiB). "
+            "Export a single film at its native resolution."
+        )
+
+    def _film(self, key: str, data: bytes) -> IntakeFilm:
+        film = self._cache.get_or_make(_film_key(key), lambda: self._decode(key, data, keep_values=False)[0])
+        if not isinstance(film, IntakeFilm):  # the "film:" entries hold nothing else
+            raise TypeError(f"the film cache held a {type(film).__name__} under a film key")
+        return film
+
+    @contextlib.contextmanager
+    def _decode_slot(self) -> Iterator[None]:
+        """One of the max_decodes slots, held for the decode (waiting for one counts in `waiting`)."""
+        with self._count_lock:
+            self._waiting += 1
+        try:
+            self._slots.acquire()
+        finally:
+            with self._count_lock:
+                self._waiting -= 1
+        with self._count_lock:
+            self._decoding += 1
+            self.decodes += 1
+            self.peak_decodes = max(self.peak_decodes, self._decoding)
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                self._decoding -= 1
+            self._slots.release()
 
     # --- one decode ----------------------------------------------------------------------------------------------
     def _decode(self, key: str, data: bytes, keep_values: bool) -> tuple[IntakeFilm, FilmValues | None]:
@@ -197,28 +249,21 @@ class FilmIntake:
         from medgemma_xray.xray_io.preprocess import case_images
 
         config = self.config
-        with self._slots:
-            with self._count_lock:
-                self._decoding += 1
-                self.peak_decodes = max(self.peak_decodes, self._decoding)
+        with self._decode_slot():
+            values: FilmValues | None = None
             try:
-                values: FilmValues | None = None
-                try:
-                    if keep_values:
-                        radiograph, values = load_radiograph_with_values(
-                            data, max_pixels=config.max_pixels, max_bytes=config.max_bytes
-                        )
-                    else:
-                        radiograph = load_radiograph(data, max_pixels=config.max_pixels, max_bytes=config.max_bytes)
-                except ImageInputError as exc:
-                    logger.warning("refused a film: %s", type(exc).__name__)
-                    raise refusal_for(exc) from exc
-                verdict = check_film(radiograph.pixels, self._reference) if self._reference is not None else None
-                images = case_images(radiograph)
-                del radiograph
-            finally:
-                with self._count_lock:
-                    self._decoding -= 1
+                if keep_values:
+                    radiograph, values = load_radiograph_with_values(
+                        data, max_pixels=config.max_pixels, max_bytes=config.max_bytes
+                    )
+                else:
+                    radiograph = load_radiograph(data, max_pixels=config.max_pixels, max_bytes=config.max_bytes)
+            except ImageInputError as exc:
+                logger.warning("refused a film: %s", type(exc).__name__)
+                raise refusal_for(exc) from exc
+            verdict = check_film(radiograph.pixels, self._reference) if self._reference is not None else None
+            images = case_images(radiograph)
+            del radiograph  # the full film goes before the slot is given back
         warnings = images.preview.warnings
         if verdict is not None and not verdict.plausible:
             if config.film_check == "refuse":
@@ -237,12 +282,6 @@ class FilmIntake:
         if keep_values:
             self._cache.put(_film_key(key), film)  # the values' decode made the film too: keep both
         return film, values
-
-    def _decode_values(self, key: str, data: bytes) -> FilmValues:
-        values = self._decode(key, data, keep_values=True)[1]
-        if values is None:  # the loader returns them whenever keep_values is set
-            raise RuntimeError("the loader returned no film values")
-        return values
 
 
 def _film_key(key: str) -> str:

@@ -413,18 +413,11 @@ def _opened(page: TeachingPage, session: SessionSlot[TeachingSession], round_: R
 
 
 def _read_film(page: TeachingPage, data: bytes):
-    """The film for the model and for the viewer, through the one intake (its values kept in the shared cache)."""
-    from medgemma_xray.teaching import viewer
+    """The film for the model and for the viewer, from the one intake's one decode."""
+    from medgemma_xray.teaching.viewer import display_film
 
-    film = page.intake.read(data, keep_values=True)
-    values = page.intake.values(film.key)
-    if values is None:  # the cache's budget is smaller than this one film: read its values for this call only
-        from medgemma_xray.xray_io.loader import load_radiograph_with_values
-
-        settings = page.settings
-        values = load_radiograph_with_values(data, max_pixels=settings.max_pixels,
-                                             max_bytes=settings.max_file_size_bytes)[1]  # fmt: skip
-    return film, viewer.display_film(values, film.source, film.key)
+    film, values = page.intake.read_with_values(data)
+    return film, display_film(values, film.source, film.key)
 
 
 @EVENTS.on(["open_button.click"], inputs=["case_list", "session"], outputs=CASE_OUT, api_name="teaching_open_case")
