@@ -41,6 +41,22 @@ def read_questions(path: Path) -> tuple[str, ...]:
     return questions
 
 
+def check_questions(questions: tuple[str, ...], max_new_tokens: int) -> None:
+    """Every question under the servers' own rules (web.asking): its size (MAX_PROMPT_TOKENS) and no control or
+    image marker of the model's chat format. Refused before any model loads, naming the question."""
+    from medgemma_xray.assistant.batch.runner import BatchUsageError
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+    from medgemma_xray.serving.settings import Settings
+    from medgemma_xray.web.asking import AskLimits, AskRefused, check_turns
+
+    limits = AskLimits.from_settings(Settings.from_env())
+    for number, question in enumerate(questions, start=1):
+        try:
+            check_turns(GenerationRequest(None, (ChatTurn("user", question),), max_new_tokens=max_new_tokens), limits)
+        except AskRefused as exc:
+            raise BatchUsageError(f"question {number} of --questions: {exc}") from None
+
+
 def film_reader(settings):
     """Films through the servers' own intake (medgemma_xray.intake): the same limits, preprocessing and film check.
     An image that is not a frontal chest film is refused (FILM_CHECK=refuse, the default: an error record) or read
@@ -116,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.task == "qa" and not args.questions:
             raise BatchUsageError("--task qa needs --questions FILE (one question per line)")
         questions = read_questions(args.questions) if args.questions else ()
+        check_questions(questions, args.max_new_tokens)
     except (BatchUsageError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -180,43 +180,7 @@ class Asking:
     # --- the rules on a whole conversation --------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> None:
         """Every rule on the conversation, before any work. Raises QuestionRefused or ConversationTooLong."""
-        limits = self.limits
-        turns = request.turns
-        try:
-            request.validate()
-        except AskRefused:
-            raise
-        except RequestError as exc:
-            raise QuestionRefused(str(exc)) from None
-        questions = sum(turn.role == "user" for turn in turns)
-        if questions > limits.max_turns:
-            raise ConversationTooLong(
-                f"This conversation has reached its limit of {limits.max_turns} questions. Press New case and upload "
-                "the film again to go on (an API client starts a new conversation)."
-            )
-        system = request.system_prompt or ""
-        if len(system.encode("utf-8", "surrogatepass")) > limits.max_prompt_tokens:
-            raise QuestionRefused(
-                f"The system message is too long: at most {limits.max_prompt_tokens} tokens (about as many "
-                "characters) are accepted. Shorten it and send the request again."
-            )
-        _refuse_marker(system, "The system message")
-        last = len(turns) - 1
-        for index, turn in enumerate(turns):
-            size = len(turn.text.encode("utf-8", "surrogatepass"))
-            if turn.role == "user" and size > limits.max_prompt_tokens:
-                which = "The question" if index == last else f"Question {index // 2 + 1} of the conversation"
-                raise QuestionRefused(
-                    f"{which} is too long: at most {limits.max_prompt_tokens} tokens (about as many characters) are "
-                    "accepted. Shorten it and ask again."
-                )
-            if turn.role == "assistant" and size > limits.max_answer_bytes:
-                raise QuestionRefused(
-                    f"Answer {index // 2 + 1} of the conversation is longer than any answer this server writes "
-                    f"({limits.max_new_tokens} tokens). Send the conversation as the server answered it."
-                )
-            which = "The question" if index == last else f"Turn {index + 1} of the conversation ({turn.role})"
-            _refuse_marker(turn.text, which)
+        check_turns(request, self.limits)
         self._check_length(request)
 
     def _check_length(self, request: GenerationRequest) -> None:
@@ -332,6 +296,47 @@ class Asking:
                 yield text
         finally:
             answer.close()
+
+
+def check_turns(request: GenerationRequest, limits: AskLimits) -> None:
+    """The rules that need no tokenizer: alternation, the turn limit, each turn's size and markers. (The batch CLI
+    checks its questions file with these before it loads a model.)"""
+    turns = request.turns
+    try:
+        request.validate()
+    except AskRefused:
+        raise
+    except RequestError as exc:
+        raise QuestionRefused(str(exc)) from None
+    questions = sum(turn.role == "user" for turn in turns)
+    if questions > limits.max_turns:
+        raise ConversationTooLong(
+            f"This conversation has reached its limit of {limits.max_turns} questions. Press New case and upload "
+            "the film again to go on (an API client starts a new conversation)."
+        )
+    system = request.system_prompt or ""
+    if len(system.encode("utf-8", "surrogatepass")) > limits.max_prompt_tokens:
+        raise QuestionRefused(
+            f"The system message is too long: at most {limits.max_prompt_tokens} tokens (about as many "
+            "characters) are accepted. Shorten it and send the request again."
+        )
+    _refuse_marker(system, "The system message")
+    last = len(turns) - 1
+    for index, turn in enumerate(turns):
+        size = len(turn.text.encode("utf-8", "surrogatepass"))
+        if turn.role == "user" and size > limits.max_prompt_tokens:
+            which = "The question" if index == last else f"Question {index // 2 + 1} of the conversation"
+            raise QuestionRefused(
+                f"{which} is too long: at most {limits.max_prompt_tokens} tokens (about as many characters) are "
+                "accepted. Shorten it and ask again."
+            )
+        if turn.role == "assistant" and size > limits.max_answer_bytes:
+            raise QuestionRefused(
+                f"Answer {index // 2 + 1} of the conversation is longer than any answer this server writes "
+                f"({limits.max_new_tokens} tokens). Send the conversation as the server answered it."
+            )
+        which = "The question" if index == last else f"Turn {index + 1} of the conversation ({turn.role})"
+        _refuse_marker(turn.text, which)
 
 
 def _refuse_marker(text: str, which: str) -> None:

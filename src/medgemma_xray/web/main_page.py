@@ -41,11 +41,13 @@ PREVIEW_ALT = "The uploaded chest film as the model sees it: grey-scale, padded 
 ANSWER_STOPPED = "*Stopped. Ask again or ask another question.*"
 REPORT_STOPPED = "*Stopped before the report was complete. Press Structured report to write it again.*"
 NO_FILM = "Upload a chest X-ray first, then ask about it."
-# Styles the theme lacks: the Ask button's text at >= 4.5:1 contrast (the theme's orange gives 2.8:1), and no
-# download link on the upload's chip (the upload is deleted once read, so that link could only answer 403).
+# Styles the theme lacks: Ask, Reveal and Stop with text at >= 4.5:1 contrast (the theme's orange gives 2.8:1, its
+# red 3.8:1), and no download link on an upload's chip (the upload is deleted once read: it could only answer 403).
+# Both pages share these (the teaching page is a route of the same Blocks).
 PAGE_CSS = """
 #ask, #ask:hover, #teach-ask, #teach-ask:hover, #teach-reveal, #teach-reveal:hover
   { background: #9a3412; border-color: #9a3412; color: #ffffff; }
+#stop, #stop:hover, #teach-stop, #teach-stop:hover { background: #b91c1c; border-color: #b91c1c; color: #ffffff; }
 #case-tabs button[role="tab"][aria-selected="true"] { color: #9a3412; }
 footer .show-api, footer .built-with, footer .settings { color: #4b5563; }
 a[data-sveltekit-reload] { color: #374151 !important; }  /* the page links (main, /teaching) Gradio draws on top */
@@ -204,10 +206,13 @@ def _question_request(page: MainPage, case: Case, question: str):
     return request
 
 
-@EVENTS.on(["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], queue=False)
+@EVENTS.on(
+    ["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], concurrency_limit=None
+)
 def take_question(page: MainPage, values: dict) -> dict:
-    """Checked before it is queued: no film, no question, a rule broken, or an answer still running in this
-    conversation is refused at once with a message, and the Question box keeps the text."""
+    """Checked before it waits for a decode slot (its own queue step, never limited, so a refusal comes at once and
+    shows as the queue's error toast): no film, no question, a rule broken, or an answer still running in this
+    conversation is refused with a message, and the Question box keeps the text."""
     from medgemma_xray.web.asking import WAIT_MESSAGE
 
     question = (values["question"] or "").strip()
@@ -229,7 +234,7 @@ def clear_question(page: MainPage, values: dict) -> dict:
 @EVENTS.on(
     ["clear_question.success"],
     inputs=["asked", "session"],
-    outputs=["chat", "session"],
+    outputs=["chat", "asked", "session"],  # "asked" keeps the API's (chat, question) pair of outputs
     request=True,
     api_name="ask",
     concurrency_id="generation",
@@ -251,7 +256,7 @@ def answer(page: MainPage, values: dict, request) -> Any:
     history = case.chat_messages() + [{"role": "user", "content": question}]
     text, stats = "", GenerationStats()
     try:
-        yield {"chat": history + [{"role": "assistant", "content": "…"}]}  # the question shows at once
+        yield {"chat": history + [{"role": "assistant", "content": ""}]}  # the question shows at once
         for text in page.asking.stream(generation, ticket, stats):
             if ticket.superseded:
                 return
@@ -263,7 +268,7 @@ def answer(page: MainPage, values: dict, request) -> Any:
             details = f"{ANSWER_STOPPED}\n\n{details}" if stats.new_tokens else ANSWER_STOPPED
         updated = case.answered(question, text, details)
         if session.replace_if(case, updated):
-            yield {"chat": updated.chat_messages(), "session": session}
+            yield {"chat": updated.chat_messages(), "asked": "", "session": session}
     except Exception as exc:
         raise shown(exc, logger) from exc
     finally:
@@ -392,6 +397,20 @@ def new_case(page: MainPage, values: dict) -> dict:
     return {**clear_case(page, values), "upload": None, "question": ""}
 
 
+@EVENTS.on(["examples.click"], inputs=["examples"], outputs=["question"], queue=False, api_name="load_example")
+def load_example(page: MainPage, values: dict) -> dict:
+    """An example question into the Question box. Any index a client sends gets a clear answer, never an
+    IndexError (gr.Examples indexed its list with whatever arrived)."""
+    index = values["examples"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(EXAMPLE_QUESTIONS):
+        raise refused(
+            f"There is no example question {str(index)[:20]}; pick one of the {len(EXAMPLE_QUESTIONS)} shown "
+            f"(0 to {len(EXAMPLE_QUESTIONS) - 1}).",
+            logger,
+        )
+    return {"question": EXAMPLE_QUESTIONS[index]}
+
+
 @EVENTS.on(["blocks.load"], outputs=["badge"], api_name="model_badge")
 def show_badge(page: MainPage, values: dict) -> dict:
     return {"badge": badge_markdown(page.service)}
@@ -476,8 +495,12 @@ def build_main_page(service: InferenceSurface, uploads: UploadInbox, intake: Fil
                     ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop")
                     ui["report_button"] = gr.Button("Structured report", elem_id="report")
                     ui["new_case_button"] = gr.Button("New case", elem_id="new-case")
-                gr.Examples(
-                    examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[ui["question"]], label="Teaching-round questions"
+                ui["examples"] = gr.Dataset(
+                    components=[ui["question"]],
+                    samples=[[q] for q in EXAMPLE_QUESTIONS],
+                    type="index",  # the handler checks the index: a client may send any number
+                    label="Teaching-round questions",
+                    elem_id="examples",
                 )
         ui["badge_timer"] = gr.Timer(5.0)
         EVENTS.wire(ui, page, concurrency={"generation": settings.generation_concurrency})

@@ -604,7 +604,9 @@ def _question_request(page: TeachingPage, round_: Round, question: str):
     return request
 
 
-@EVENTS.on(["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], queue=False)
+@EVENTS.on(
+    ["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], concurrency_limit=None
+)
 def take_question(page: TeachingPage, values: dict) -> dict:
     """Checked before it is queued (the main page's rules): refused at once with a message, the text kept."""
     from medgemma_xray.web.asking import WAIT_MESSAGE
@@ -622,7 +624,7 @@ def clear_question(page: TeachingPage, values: dict) -> dict:
     return {"question": ""}
 
 
-@EVENTS.on(["clear_question.success"], inputs=["asked", "session"], outputs=["chat", "session"], request=True,
+@EVENTS.on(["clear_question.success"], inputs=["asked", "session"], outputs=["chat", "asked", "session"], request=True,
            api_name="teaching_ask", concurrency_id="generation")  # fmt: skip
 def answer(page: TeachingPage, values: dict, request) -> Any:
     from medgemma_xray.inference_api.types import GenerationStats
@@ -637,7 +639,7 @@ def answer(page: TeachingPage, values: dict, request) -> Any:
     history.append({"role": "user", "content": question})
     text = ""
     try:
-        yield {"chat": history + [{"role": "assistant", "content": "…"}]}
+        yield {"chat": history + [{"role": "assistant", "content": ""}]}  # the question shows at once
         for text in _throttled(page.asking.stream(generation, ticket, GenerationStats())):
             if ticket.superseded:
                 return
@@ -650,7 +652,7 @@ def answer(page: TeachingPage, values: dict, request) -> Any:
         if held.current is not asked:
             return
         shown_text = f"{text}\n\n{ANSWER_STOPPED}" if ticket.stopped.is_set() else text
-        yield {"chat": history + [{"role": "assistant", "content": shown_text}], "session": session}
+        yield {"chat": history + [{"role": "assistant", "content": shown_text}], "asked": "", "session": session}
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
     finally:
