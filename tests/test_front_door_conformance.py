@@ -232,6 +232,8 @@ class ApiDoor:
 
     def ask(self, conversation: dict, question: str) -> None:
         reply = self._create(conversation, question, stream=False)
+        # The server may issue its own conversation id (returned in the answer's extension): continue with it.
+        conversation["id"] = reply.model_extra["medgemma"].get("conversation_id", conversation["id"])
         conversation["messages"] = [
             *self._messages(conversation, question),
             {"role": "assistant", "content": reply.choices[0].message.content},
@@ -240,6 +242,8 @@ class ApiDoor:
     def start(self, conversation: dict, question: str):
         stream = self._create(conversation, question, stream=True, max_tokens=LONG_ANSWER)
         for chunk in stream:
+            if (chunk.model_extra or {}).get("medgemma"):
+                conversation["id"] = chunk.model_extra["medgemma"].get("conversation_id", conversation["id"])
             if chunk.choices and chunk.choices[0].delta.content:
                 return stream
         raise AssertionError("the answer ended before it wrote anything")
