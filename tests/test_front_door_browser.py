@@ -157,7 +157,7 @@ def test_a_new_film_while_an_answer_streams_stops_it_and_the_next_answer_is_abou
     page.context.close()
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}_report-[0-9a-f]{4}_film-2\.json", download.suggested_filename)
     assert exported["metadata"]["film"] == "film-2" and exported["metadata"]["source"].startswith("PNG 8-bit")
-    assert notes.startswith("Loaded: PNG 8-bit") and "DICOM" not in notes
+    assert notes.startswith("Loaded: PNG 8-bit") and "DICOM DX" not in notes
 
 
 @pytest.mark.parametrize("how", ["new case", "closed tab"])
