@@ -117,6 +117,17 @@ def test_a_second_question_in_one_session_is_told_to_wait(server, film):
     assert [turn["role"] for turn in follow_up.result(timeout=300)[0]] == ["user", "assistant"] * 2
 
 
+def test_an_example_index_out_of_range_gets_a_clean_message(server):
+    """load_example with an index of 10^9: a message naming the examples there are, no IndexError traceback."""
+    from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS
+
+    client = Client(server.url, verbose=False)
+    with pytest.raises(Exception, match="There is no example question 1000000000; pick one of the 6 shown"):
+        client.predict(10**9, api_name="/load_example")
+    assert client.predict(2, api_name="/load_example") == EXAMPLE_QUESTIONS[2]
+    assert "IndexError" not in server.log_text and "Traceback" not in server.log_text
+
+
 def _streamed_text(job) -> str:
     outputs = job.outputs()
     if not outputs:

@@ -5,8 +5,10 @@
   placeholder and a slider's limits.
 - No download link on an upload's chip (the upload is deleted once read: the link could only answer 403).
 - Gradio marks an empty image box as <div aria-label="Empty value">, an aria-label on an element without a role
-  (axe's aria-prohibited-attr): ACCESSIBILITY_JS gives each such box role="img" (an empty image, named), now and
-  whenever Gradio draws one again.
+  (axe's aria-prohibited-attr): ACCESSIBILITY_JS gives each such box role="img" (an empty image, named). It names
+  an upload box by what it shows ("Drop File Here - or - Click to Upload"), not by an aria-label that differs
+  from its visible text (axe's label-content-name-mismatch, WCAG 2.5.3). Both now and whenever Gradio draws them
+  again.
 Each page puts PAGE_STYLE in a gr.HTML (a route of a multi-page app gets no stylesheet of the main page's) and runs
 ACCESSIBILITY_JS when it loads.
 """
@@ -28,9 +30,12 @@ ACCESSIBILITY_JS = """
 () => {
   if (window.__namedEmptyImages) return;
   window.__namedEmptyImages = true;
-  const name = () => document.querySelectorAll('div.empty[aria-label]:not([role])')
-    .forEach((box) => box.setAttribute('role', 'img'));
+  const name = () => {
+    document.querySelectorAll('div.empty[aria-label]:not([role])').forEach((box) => box.setAttribute('role', 'img'));
+    document.querySelectorAll('button.upload-container[aria-label]').forEach((box) => box.removeAttribute('aria-label'));
+  };
   name();
-  new MutationObserver(name).observe(document.body, {subtree: true, childList: true});
+  new MutationObserver(name).observe(document.body, {subtree: true, childList: true, attributes: true,
+    attributeFilter: ['aria-label']});
 }
 """

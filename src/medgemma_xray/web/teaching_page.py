@@ -804,7 +804,9 @@ def add_teaching_page(
                     buttons=["fullscreen"],
                     elem_id="teach-model-view",
                 )
-                ui["chat"] = gr.Chatbot(label="Questions", height=300, elem_id="teach-chat")
+                ui["chat"] = gr.Chatbot(
+                    label="Questions", height=300, buttons=["copy", "copy_all"], elem_id="teach-chat"
+                )  # (the default set has an unnamed icon button)
                 ui["question"] = gr.Textbox(label="Question", elem_id="teach-question")
                 ui["asked"] = gr.Textbox(label="Question", visible=False, elem_id="teach-asked")
                 with gr.Row():
