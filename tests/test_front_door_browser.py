@@ -257,3 +257,20 @@ def test_axe_core_finds_no_critical_or_serious_rule(browser, paced, films, libra
     page.screenshot(path=str(ARTIFACTS / "front_door_teaching_axe.png"), full_page=True)
     context.close()
     assert all(not rules for rules in found.values()), {where: rules for where, rules in found.items() if rules}
+
+
+def test_teaching_shows_film_warnings_in_the_notes_and_no_dead_controls(browser, paced, films):
+    """A PNG case: "No DICOM header" is in the case's notes, not a toast; no Share button ("Must be on Spaces")."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(f"{paced.url}/teaching", wait_until="load")
+    page.wait_for_selector("#teach-library :text('cases in the library')", timeout=60_000)
+    page.set_input_files("#teach-upload input[type=file]", str(films["new"]))
+    page.wait_for_selector("#teach-case-info :text('Uploaded film 1')", timeout=120_000)
+    page.wait_for_selector("#teach-view img", timeout=60_000)
+    info = page.inner_text("#teach-case-info")
+    toasts = page.locator(".toast-body").all_inner_texts()
+    share = page.locator("button[aria-label*='share' i], button[title*='share' i]").count()
+    context.close()
+    assert "No DICOM header" in info and toasts == [], (info, toasts)
+    assert share == 0

@@ -4,6 +4,7 @@
   "subdued" grey (#bbbbc2 on white, 1.9:1) used by the upload box's "- or -", the page links, a dropdown's
   placeholder and a slider's limits.
 - No download link on an upload's chip (the upload is deleted once read: the link could only answer 403).
+- The model badge never becomes a scroll box (one that holds nothing focusable cannot be scrolled by keyboard).
 - Gradio marks an empty image box as <div aria-label="Empty value">, an aria-label on an element without a role
   (axe's aria-prohibited-attr): ACCESSIBILITY_JS gives each such box role="img" (an empty image, named). It names
   an upload box by what it shows ("Drop File Here - or - Click to Upload"), not by an aria-label that differs
@@ -24,6 +25,7 @@ a[data-sveltekit-reload] { color: #374151 !important; }  /* the page links (main
 .upload-container .or { color: #4b5563; }
 #film-upload td.download, #teach-upload td.download, #teach-key td.download { display: none; }
 .answer-details summary { cursor: pointer; }
+#model-badge { overflow: visible !important; }  /* a scroll box with nothing to focus (scrollable-region-focusable) */
 """
 PAGE_STYLE = f"<style>{PAGE_CSS}</style>"
 ACCESSIBILITY_JS = """
