@@ -139,6 +139,14 @@ class AskLimits:
         return ANSWER_BYTES_PER_TOKEN * self.max_new_tokens
 
 
+def client_key(request: Any) -> str | None:
+    """Whom throttling counts for a page's request (a gr.Request): its login name, else its address."""
+    if request is None:
+        return None
+    client = getattr(request, "client", None)
+    return getattr(request, "username", None) or (getattr(client, "host", None) if client is not None else None)
+
+
 def find_marker(text: str) -> str | None:
     found = CONTROL_MARKERS.search(text)
     return found.group(0) if found else None

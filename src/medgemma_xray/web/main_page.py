@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS, Case
 from medgemma_xray.assistant.film_notes import film_notes_markdown
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
+from medgemma_xray.web.asking import client_key
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
@@ -240,7 +241,7 @@ def answer(page: MainPage, values: dict, request) -> Any:
     question = (values["asked"] or "").strip()
     generation = _question_request(page, case, question)
     try:
-        page.asking.admit(_client_of(request))
+        page.asking.admit(client_key(request))
         ticket = page.asking.claim(case.conversation_id)
     except Exception as exc:
         raise shown(exc, logger) from exc
@@ -330,7 +331,7 @@ def report(page: MainPage, values: dict, request) -> Any:
     if not _active(case):
         raise refused("Upload a chest X-ray first, then ask for a report.", logger)
     try:
-        page.asking.admit(_client_of(request))
+        page.asking.admit(client_key(request))
         ticket = page.asking.claim(case.conversation_id)
     except Exception as exc:
         raise shown(exc, logger) from exc
@@ -417,14 +418,6 @@ def session_ended(page: MainPage, state: object) -> None:
     """A closed tab (or an expired session): its running answer stops, its KV and report files go."""
     if isinstance(state, SessionSlot) and isinstance(state.value, Case):
         _end_case(page, state, state.value, wait_s=0)  # nothing is left on screen to keep in order
-
-
-def _client_of(request) -> str | None:
-    """Whom throttling counts: the login name, else the client's address."""
-    if request is None:
-        return None
-    client = getattr(request, "client", None)
-    return getattr(request, "username", None) or (getattr(client, "host", None) if client is not None else None)
 
 
 # --- the layout ----------------------------------------------------------------------------------------------------

@@ -13,23 +13,29 @@ picture.
 
 from __future__ import annotations
 
-import datetime
-import logging
-import os
-import re
-import tempfile
-import threading
-import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round, round_of, upload_names
+from medgemma_xray.web import teaching_answers, teaching_exports, teaching_view
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
 from medgemma_xray.web.page_wiring import PageEvents
+from medgemma_xray.web.teaching_context import (
+    FORM,
+    FORM_DEFAULTS,
+    PREVIEW_SIZE,
+    TeachingPage,
+    ViewFiles,
+    current_round,
+    hidden_update,
+    logger,
+    session_of,
+)
+from medgemma_xray.web.teaching_view import VIEW_OUT, view_outputs
 
 if TYPE_CHECKING:
     from medgemma_xray.intake import FilmIntake
@@ -37,13 +43,6 @@ if TYPE_CHECKING:
     from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.upload_cache import UploadInbox
 
-logger = logging.getLogger("teaching_ui")  # the log name operators know
-
-PREVIEW_SIZE = 896
-STREAM_INTERVAL_S = 0.1
-ANSWER_STOPPED = "*Stopped. Ask again or ask another question.*"
-REVEAL_STOPPED = "*Stopped before the report was complete. Press Reveal to run it again.*"
-NO_CASE = "Open a case from the library (or upload a film) first."
 FINDING_CHOICES = {
     "effusion_side": ["", "right", "left", "both"],
     "effusion_size": ["", "small", "moderate", "large"],
@@ -53,19 +52,6 @@ FINDING_CHOICES = {
     "inspiration": ["", "adequate", "poor"],
     "exposure": ["", "adequate", "under", "over"],
 }
-# The read form: component name -> its empty value (a box unticked, a choice and a number not given).
-FORM_DEFAULTS: dict[str, Any] = {
-    "read_effusion": False, "read_effusion_side": "", "read_effusion_size": "",
-    "read_pneumothorax": False, "read_pneumothorax_side": "", "read_pneumothorax_size": "",
-    "read_nodule": False, "read_nodule_lobe": "", "read_nodule_size": None,
-    "read_consolidation": False, "read_consolidation_lobe": "",
-    "read_cardiomegaly": False, "read_ctr": None,
-    "read_ett": False, "read_ett_tip": None,
-    "read_line": False, "read_line_route": "", "read_line_tip": "",
-    "read_pacemaker": False, "read_pacemaker_side": "",
-    "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_notes": "",
-}  # fmt: skip
-FORM = list(FORM_DEFAULTS)
 # elem_id of each button -> its key; the page's script clicks the button (typing in a text box is left alone).
 SHORTCUTS = {
     "1": "teach-lung",
@@ -107,258 +93,9 @@ PROJECTOR_JS = (
 )
 # The clickable view is one image button for the ruler, calliper and pan: its accessible name says so.
 VIEW_ALT = "The film at full resolution: click to place a ruler or calliper point, or to pan"
+
+
 EVENTS = PageEvents()
-
-
-# --- what the handlers share -------------------------------------------------------------------------------------
-class ViewFiles:
-    """The viewer's pictures as fast PNGs (zlib level 1: a textured film at Gradio's default level costs several
-    times the render itself). Gradio copies each returned file into its own cache, so a file here is needed only
-    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server."""
-
-    KEEP_S = 60.0
-
-    def __init__(self, parent: Path) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="teaching-views-", dir=parent))
-
-    def write(self, picture) -> str:
-        from PIL import Image
-
-        cutoff = time.time() - self.KEEP_S
-        for old in self.folder.glob("*.png"):
-            try:
-                if old.stat().st_mtime < cutoff:
-                    old.unlink()
-            except FileNotFoundError:
-                pass  # another request removed it first
-        path = self.folder / f"view-{uuid.uuid4().hex}.png"
-        Image.fromarray(picture).save(path, format="PNG", compress_level=1)
-        return str(path)
-
-
-@dataclass
-class TeachingPage:
-    service: InferenceSurface
-    intake: FilmIntake
-    asking: Asking
-    uploads: UploadInbox
-    view_files: ViewFiles
-    library_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def settings(self):
-        return self.service.settings
-
-    @property
-    def export_root(self) -> Path:
-        return Path(self.uploads.folder)
-
-    def library_folder(self) -> Path:
-        """Resolved when the page is first opened, not at start-up: writing the starter set takes seconds."""
-        from medgemma_xray.teaching.library import SIDECAR_SUFFIX, write_starter_set
-
-        with self.library_lock:
-            settings = self.settings
-            if settings.case_library is not None:
-                return Path(settings.case_library)
-            folder = Path(settings.log_dir) / "case-library"
-            if not any(folder.glob(f"*{SIDECAR_SUFFIX}")):
-                write_starter_set(folder)
-            return folder
-
-    def library(self):
-        from medgemma_xray.teaching.library import load_library
-
-        return load_library(self.library_folder())
-
-
-def _session(values: dict) -> SessionSlot[TeachingSession]:
-    state = values["session"]
-    if isinstance(state, SessionSlot) and isinstance(state.value, TeachingSession):
-        return state
-    return SessionSlot(TeachingSession())
-
-
-def _current(values: dict) -> tuple[SessionSlot[TeachingSession], TeachingSession, Round]:
-    session = _session(values)
-    held = session.value
-    if held.current is None:
-        raise refused(NO_CASE, logger, "teaching")
-    return session, held, held.current
-
-
-def _student_read(values: dict) -> tuple[dict, str]:
-    """The read form's values (keyed by component name) as a scoring read, and the free-text notes."""
-
-    def v(name: str):
-        return values.get(name, FORM_DEFAULTS[name])
-
-    read: dict = {
-        "present.pleural_effusion": bool(v("read_effusion")),
-        "present.cardiomegaly": bool(v("read_cardiomegaly")),
-        "present.pneumothorax": bool(v("read_pneumothorax")),
-        "present.nodule_or_mass": bool(v("read_nodule")),
-        "present.consolidation": bool(v("read_consolidation")),
-        "present.endotracheal_tube": bool(v("read_ett")),
-        "present.central_line": bool(v("read_line")),
-        "present.pacemaker": bool(v("read_pacemaker")),
-    }
-    optional = {
-        "cardiothoracic_ratio": v("read_ctr"),
-        "technique.rotated": {"yes": True, "no": False}.get(v("read_rotated") or ""),
-        "technique.inspiration": v("read_inspiration"),
-        "technique.exposure": v("read_exposure"),
-        "effusion.side": v("read_effusion_side") if read["present.pleural_effusion"] else None,
-        "effusion.size": v("read_effusion_size") if read["present.pleural_effusion"] else None,
-        "pneumothorax.side": v("read_pneumothorax_side") if read["present.pneumothorax"] else None,
-        "pneumothorax.size": v("read_pneumothorax_size") if read["present.pneumothorax"] else None,
-        "nodule.lobe": v("read_nodule_lobe") if read["present.nodule_or_mass"] else None,
-        "nodule.size_cm": v("read_nodule_size") if read["present.nodule_or_mass"] else None,
-        "consolidation.lobe": v("read_consolidation_lobe") if read["present.consolidation"] else None,
-        "endotracheal_tube.tip_above_carina_cm": v("read_ett_tip") if read["present.endotracheal_tube"] else None,
-        "central_line.route": v("read_line_route") if read["present.central_line"] else None,
-        "central_line.tip": v("read_line_tip") if read["present.central_line"] else None,
-        "pacemaker.side": v("read_pacemaker_side") if read["present.pacemaker"] else None,
-    }
-    read.update({name: value for name, value in optional.items() if value not in (None, "")})
-    return read, (v("read_notes") or "").strip()
-
-
-def _scores_markdown(round_: Round) -> tuple[str, str, str]:
-    """(marks table, student score line, model score line) for a revealed round."""
-    from medgemma_xray.teaching.scoring import score_read, shown
-
-    if round_.key is None:
-        return "No answer key for this film: nothing to score. Load a teacher's key to score it.", "", ""
-    student = score_read(round_.student_read, round_.key) if round_.student_read is not None else None
-    model = score_read(round_.model_read or {}, round_.key)
-    lines = ["| Field | Key | Student | Model |", "|---|---|---|---|"]
-    for mark in model.marks:
-        s = student.mark(mark.field) if student else None
-        cell = "–" if s is None else f"{shown(s.read)} ({'right' if s.right else '**wrong**'})"
-        lines.append(
-            f"| {mark.label} | {shown(mark.key)} | {cell} | {shown(mark.read)} ({'right' if mark.right else '**wrong**'}) |"
-        )
-    student_line = f"**Student score: {student.summary()}**" if student else "Student score: no read entered"
-    return "\n".join(lines), student_line, f"**Model score: {model.summary()}**"
-
-
-def export_label(title: str) -> str:
-    """A case's title as a file-name label (lowercase letters, digits and hyphens, at most 32): exports are named
-    by the case, never by an uploaded file's name."""
-    label = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:32].strip("-")
-    return label or "case"
-
-
-def export_stem(kind: str, label: str, day: datetime.date | None = None) -> str:
-    """2026-12-03_teaching-report-3f9a_right-pleural-effusion: the date, the export's short id and the case, so two
-    exports never share a name (the files of one export share the stem)."""
-    return f"{(day or datetime.date.today()).isoformat()}_{kind}-{uuid.uuid4().hex[:4]}_{label}"
-
-
-def _write_private(folder: Path, name: str, data: bytes) -> str:
-    path = folder / name
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
-    return str(path)
-
-
-def _hidden():
-    import gradio as gr
-
-    return gr.update(value=None, visible=False)
-
-
-# --- the view -------------------------------------------------------------------------------------------------------
-VIEW_OUT = ["view", "centre", "width", "measure"]
-
-
-def _view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
-    import gradio as gr
-
-    from medgemma_xray.teaching import viewer
-
-    display = round_.display
-    full = None
-    if viewer.needs_full(display, round_.view):
-        values = page.intake.values(display.key)
-        full = values.values if values is not None else None
-    picture = page.view_files.write(viewer.render_view(display, round_.view, full=full)[0])
-    low, high = display.window_limits
-    span = max(high - low, 1.0)
-    measure = viewer.measurement_text(display, round_.view)
-    if full is None and viewer.needs_full(display, round_.view):
-        measure += "\n\n_Zoomed past the kept copy's detail: open the case again to see the film at full resolution._"
-    return {
-        "view": picture,
-        "centre": gr.update(value=round_.view.centre, minimum=low, maximum=high),
-        "width": gr.update(value=round_.view.width, minimum=1.0, maximum=2 * span),
-        "measure": measure,
-    }
-
-
-def _view_changed(page: TeachingPage, values: dict, change) -> dict:
-    session, held, round_ = _current(values)
-    changed = replace(round_, view=change(round_))
-    session.update(lambda s: s.updated(changed) if s.current is round_ else s)
-    return {**_view_outputs(page, changed), "session": session}
-
-
-def _register_preset(name: str) -> None:
-    def handler(page: TeachingPage, values: dict) -> dict:
-        return _view_changed(page, values, lambda r: r.view.with_window(*r.display.preset(name)))
-
-    handler.__name__ = f"window_{name}"
-    handler.__doc__ = f"The {name} window preset."
-    EVENTS.on([f"{name}_button.click"], inputs=["session"], outputs=[*VIEW_OUT, "session"],
-              api_name=f"teaching_window_{name}")(handler)  # fmt: skip
-
-
-for _preset in ("lung", "mediastinum", "bone", "file"):
-    _register_preset(_preset)
-
-
-@EVENTS.on(["invert_button.click"], inputs=["session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_invert")
-def invert(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: replace(r.view, invert=not r.view.invert))
-
-
-@EVENTS.on(["zoom_in.click"], inputs=["session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_zoom_in")
-def zoom_in(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: r.view.zoomed(r.view.zoom * 2.0))
-
-
-@EVENTS.on(["zoom_out.click"], inputs=["session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_zoom_out")
-def zoom_out(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: r.view.zoomed(r.view.zoom * 0.5))
-
-
-@EVENTS.on(["reset_button.click"], inputs=["session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_reset")
-def reset(page: TeachingPage, values: dict) -> dict:
-    from medgemma_xray.teaching import viewer
-
-    return _view_changed(page, values, lambda r: replace(viewer.ViewState.initial(r.display), tool=r.view.tool))
-
-
-@EVENTS.on(["centre.release", "width.release"], inputs=["centre", "width", "session"], outputs=[*VIEW_OUT, "session"],
-           api_name="teaching_window")  # fmt: skip
-def set_window(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: r.view.with_window(values["centre"], values["width"]))
-
-
-@EVENTS.on(["tool.change"], inputs=["tool", "session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_tool")
-def set_tool(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: r.view.with_tool(values["tool"]))
-
-
-@EVENTS.on(["view.select"], inputs=["session"], outputs=[*VIEW_OUT, "session"], event=True)
-def clicked(page: TeachingPage, values: dict, event) -> dict:
-    from medgemma_xray.teaching import viewer
-
-    x, y = event.index
-    return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
-
 
 # --- cases ---------------------------------------------------------------------------------------------------------
 CASE_OUT = [*VIEW_OUT, "model_view", "case_info", "reveal_box", "student_score", "model_score", "chat", "indication",
@@ -385,7 +122,7 @@ def _preview_of(image):
     return preview
 
 
-def _leave_round(page: TeachingPage, held: TeachingSession, wait_s: float = 10.0) -> None:
+def leave_round(page: TeachingPage, held: TeachingSession, wait_s: float = 10.0) -> None:
     """The case on screen is replaced: its running answer or report stops and writes nothing more (the new case's
     reply waits for its stream to end, so no last update of it lands after); its KV is freed."""
     if held.current is not None:
@@ -394,10 +131,10 @@ def _leave_round(page: TeachingPage, held: TeachingSession, wait_s: float = 10.0
 
 
 def _opened(page: TeachingPage, session: SessionSlot[TeachingSession], round_: Round, forbidden=frozenset()) -> dict:
-    _leave_round(page, session.value)
+    leave_round(page, session.value)
     session.update(lambda s: s.with_round(round_, forbidden))
     return {
-        **_view_outputs(page, round_),
+        **view_outputs(page, round_),
         "model_view": _preview_of(round_.model_image),
         "case_info": _case_markdown(round_),
         "reveal_box": "",
@@ -407,8 +144,8 @@ def _opened(page: TeachingPage, session: SessionSlot[TeachingSession], round_: R
         "indication": round_.history,
         "comparison": round_.comparison,
         "recommendation": "",
-        "report_md": _hidden(),
-        "report_sr": _hidden(),
+        "report_md": hidden_update(),
+        "report_sr": hidden_update(),
         **FORM_DEFAULTS,  # a new case starts a fresh read
         "session": session,
     }
@@ -427,7 +164,7 @@ def open_case(page: TeachingPage, values: dict) -> dict:
     case_id = values["case_list"]
     if not case_id:
         raise refused("Pick a case in the library list first.", logger, "teaching")
-    session = _session(values)
+    session = session_of(values)
     try:
         case = page.library().get(case_id)
     except KeyError as exc:
@@ -443,7 +180,7 @@ def open_case(page: TeachingPage, values: dict) -> dict:
 def next_case(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
-    case_id = _session(values).value.next_case_id()
+    case_id = session_of(values).value.next_case_id()
     if case_id is None:
         raise refused("No next case: press Shuffle for a quiz order (or the round is over).", logger, "teaching")
     return {"case_list": gr.update(value=case_id), **open_case(page, {**values, "case_list": case_id})}
@@ -454,7 +191,7 @@ def next_case(page: TeachingPage, values: dict) -> dict:
 def shuffle(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
-    session = _session(values)
+    session = session_of(values)
     library = page.library()
     held = session.update(lambda s: s.shuffled_order([case.case_id for case in library.cases]))
     titles = [library.get(case_id).title for case_id in held.order]
@@ -472,7 +209,7 @@ def upload_film(page: TeachingPage, values: dict) -> dict:
     if not file_path:
         raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.", logger,
                       "teaching")  # fmt: skip
-    session = _session(values)
+    session = session_of(values)
     try:
         data = page.uploads.take(file_path)
         film, display = _read_film(page, data)
@@ -489,7 +226,7 @@ def upload_film(page: TeachingPage, values: dict) -> dict:
 def upload_key(page: TeachingPage, values: dict) -> dict:
     from medgemma_xray.teaching.keys import key_from_json
 
-    session, _, round_ = _current(values)
+    session, _, round_ = current_round(values)
     if not values["key_upload"]:
         raise refused("No key file received.", logger, "teaching")
     try:
@@ -511,221 +248,13 @@ def list_cases(page: TeachingPage, values: dict) -> dict:
     return {"case_list": gr.update(choices=library.choices()), "library_note": "\n\n".join(lines)}
 
 
-# --- answers: streamed, bound to their case, stoppable ------------------------------------------------------------
-def _throttled(text_stream):
-    """At most one update per STREAM_INTERVAL_S (a browser that re-renders the whole answer at every token falls
-    behind a fast backend); the last text always comes."""
-    shown_at, text, pending = 0.0, "", False
-    for text in text_stream:
-        pending = True
-        if time.monotonic() - shown_at >= STREAM_INTERVAL_S:
-            shown_at, pending = time.monotonic(), False
-            yield text
-    if pending:
-        yield text
-
-
-def _claim(page: TeachingPage, session: SessionSlot, round_: Round, request):
-    from medgemma_xray.web.main_page import _client_of
-
-    try:
-        page.asking.admit(_client_of(request))
-        ticket = page.asking.claim(round_.conversation_id)
-    except Exception as exc:
-        raise shown(exc, logger, "teaching") from exc
-    session.answer_token = ticket.stop_token
-    return ticket
-
-
-def _release(page: TeachingPage, session: SessionSlot, ticket) -> None:
-    page.asking.release(ticket)
-    if session.answer_token == ticket.stop_token:
-        session.answer_token = None
-
-
-@EVENTS.on(["reveal_button.click"], inputs=["quiz", *FORM, "session"],
-           outputs=["reveal_box", "student_score", "model_score", "session"], request=True, api_name="teaching_reveal",
-           concurrency_id="generation")  # fmt: skip
-def reveal(page: TeachingPage, values: dict, request) -> Any:
-    from medgemma_xray.assistant.report import report_request
-    from medgemma_xray.inference_api.types import GenerationStats
-    from medgemma_xray.teaching.model_read import model_read
-
-    session, _, round_ = _current(values)
-    if round_.revealed:
-        raise refused("This case is already revealed; open the next case.", logger, "teaching")
-    read, notes = _student_read(values)
-    asked = replace(round_, student_read=read, student_notes=notes) if values["quiz"] else round_
-    ticket = _claim(page, session, round_, request)
-    generation = replace(report_request(round_.model_image, page.settings.max_new_tokens), image_key=round_.image_key)
-    text = ""
-    try:
-        yield {"reveal_box": "**The model's report (streaming)**", "student_score": "", "model_score": ""}
-        for text in _throttled(page.asking.stream(generation, ticket, GenerationStats())):
-            if ticket.superseded:
-                return
-            yield {"reveal_box": f"**The model's report (streaming)**\n\n```text\n{text}\n```"}
-        if ticket.superseded:
-            return
-        if ticket.stopped.is_set():  # a stopped report is not the model's read: the case stays to be revealed
-            yield {"reveal_box": f"**The model's report (stopped)**\n\n```text\n{text}\n```\n\n{REVEAL_STOPPED}"}
-            return
-        revealed = replace(asked, model_report=text, model_read=model_read(text), revealed=True)
-        held = session.update(lambda s: s.updated(revealed) if s.current is round_ else s)
-        if held.current is not revealed:
-            return
-        table, student_line, model_line = _scores_markdown(revealed)
-        points = "".join(f"\n- {p}" for p in revealed.teaching_points)
-        box = f"**The model's report**\n\n```text\n{text}\n```\n\n{table}" + (
-            f"\n\n**Teaching points**{points}" if points else ""
-        )
-        yield {"reveal_box": box, "student_score": student_line, "model_score": model_line, "session": session}
-    except Exception as exc:
-        raise shown(exc, logger, "teaching") from exc
-    finally:
-        _release(page, session, ticket)
-
-
-def _question_request(page: TeachingPage, round_: Round, question: str):
-    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
-    from medgemma_xray.web.asking import AskRefused
-
-    if not question:
-        raise refused("Type a question before asking.", logger, "teaching")
-    turns = tuple(t for q, a in round_.questions for t in (ChatTurn("user", q), ChatTurn("assistant", a)))
-    request = GenerationRequest(
-        image=round_.model_image,
-        turns=(*turns, ChatTurn("user", question)),
-        max_new_tokens=page.settings.max_new_tokens,
-        conversation_id=round_.conversation_id,
-        image_key=round_.image_key,
-    )
-    try:
-        page.asking.check(request)
-    except AskRefused as exc:
-        raise shown(exc, logger, "teaching") from exc
-    return request
-
-
-@EVENTS.on(
-    ["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], concurrency_limit=None
-)
-def take_question(page: TeachingPage, values: dict) -> dict:
-    """Checked before it is queued (the main page's rules): refused at once with a message, the text kept."""
-    from medgemma_xray.web.asking import WAIT_MESSAGE
-
-    _, _, round_ = _current(values)
-    question = (values["question"] or "").strip()
-    _question_request(page, round_, question)
-    if page.asking.is_answering(round_.conversation_id):
-        raise refused(WAIT_MESSAGE, logger, "teaching")
-    return {"asked": question}
-
-
-@EVENTS.on(["take_question.success"], outputs=["question"], queue=False)
-def clear_question(page: TeachingPage, values: dict) -> dict:
-    return {"question": ""}
-
-
-@EVENTS.on(["clear_question.success"], inputs=["asked", "session"], outputs=["chat", "asked", "session"], request=True,
-           api_name="teaching_ask", concurrency_id="generation")  # fmt: skip
-def answer(page: TeachingPage, values: dict, request) -> Any:
-    from medgemma_xray.inference_api.types import GenerationStats
-
-    session, _, round_ = _current(values)
-    question = (values["asked"] or "").strip()
-    generation = _question_request(page, round_, question)
-    ticket = _claim(page, session, round_, request)
-    history = [
-        m for q, a in round_.questions for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})
-    ]
-    history.append({"role": "user", "content": question})
-    text = ""
-    try:
-        yield {"chat": history + [{"role": "assistant", "content": ""}]}  # the question shows at once
-        for text in _throttled(page.asking.stream(generation, ticket, GenerationStats())):
-            if ticket.superseded:
-                return
-            yield {"chat": history + [{"role": "assistant", "content": text}]}
-        if ticket.superseded:
-            return
-        # A stopped answer stays in the conversation as far as it went; the model's next turn sees the same text.
-        asked = replace(round_, questions=(*round_.questions, (question, text)))
-        held = session.update(lambda s: s.updated(asked) if s.current is round_ else s)
-        if held.current is not asked:
-            return
-        shown_text = f"{text}\n\n{ANSWER_STOPPED}" if ticket.stopped.is_set() else text
-        yield {"chat": history + [{"role": "assistant", "content": shown_text}], "asked": "", "session": session}
-    except Exception as exc:
-        raise shown(exc, logger, "teaching") from exc
-    finally:
-        _release(page, session, ticket)
-
-
-@EVENTS.on(["stop_button.click"], inputs=["session"], queue=False, api_name="teaching_stop")
-def stop(page: TeachingPage, values: dict) -> None:
-    """Stop: this session's running answer or report ends at its next piece of text, keeping what it said. Keyed
-    by the answer's server-side token, which no client can name."""
-    page.asking.stop(_session(values).answer_token)
-
-
-# --- exports -------------------------------------------------------------------------------------------------------
-@EVENTS.on(["report_button.click"], inputs=["indication", "comparison", "recommendation", "identifiers", "session"],
-           outputs=["report_md", "report_sr"], api_name="teaching_report")  # fmt: skip
-def export_report(page: TeachingPage, values: dict) -> dict:
-    import gradio as gr
-
-    from medgemma_xray.assistant.report import parse_report
-    from medgemma_xray.teaching.report_context import ClinicalContext, TeachingReport
-    from medgemma_xray.teaching.sr import sr_bytes
-
-    _, _, round_ = _current(values)
-    if not round_.revealed:
-        raise refused("Reveal the case first: the report is the model's read.", logger, "teaching")
-    context = ClinicalContext(values["indication"] or "", values["comparison"] or "", values["recommendation"] or "")
-    report = TeachingReport(context, parse_report(round_.model_report))
-    folder = Path(tempfile.mkdtemp(prefix="teaching-report-", dir=page.export_root))
-    allowed = bool(values["identifiers"]) and page.settings.sr_include_identifiers
-    try:
-        sr = sr_bytes(report, round_.display.dicom_identity, include_identifiers=allowed)
-        markdown = report.markdown().encode("utf-8", "replace")
-    except Exception as exc:
-        raise shown(exc, logger, "teaching") from exc
-    label = export_label(round_.title)
-    stem = export_stem("teaching-report", label)
-    md = _write_private(folder, f"{stem}.md", markdown)
-    dcm = _write_private(folder, f"{stem}-sr.dcm", sr)
-    return {"report_md": gr.update(value=md, visible=True), "report_sr": gr.update(value=dcm, visible=True)}
-
-
-@EVENTS.on(["export_button.click"], inputs=["session"], outputs=["session_csv", "session_pdf"],
-           api_name="teaching_export")  # fmt: skip
-def export_session(page: TeachingPage, values: dict) -> dict:
-    import gradio as gr
-
-    from medgemma_xray.teaching.session_export import session_csv, session_pdf
-
-    held = _session(values).value
-    if not held.records:
-        raise refused("Nothing to export yet: reveal at least one case.", logger, "teaching")
-    folder = Path(tempfile.mkdtemp(prefix="teaching-session-", dir=page.export_root))
-    records = list(held.records)
-    stem = export_stem("teaching-session", f"{len(records)}-cases")
-    csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden).encode("utf-8"))
-    pdf_path = _write_private(folder, f"{stem}.pdf", session_pdf(records, held.forbidden))
-    return {
-        "session_csv": gr.update(value=csv_path, visible=True),
-        "session_pdf": gr.update(value=pdf_path, visible=True),
-    }
-
-
 EVENTS.js("projector_layout", ["projector.click"], PROJECTOR_JS)
 
 
 def session_ended(page: TeachingPage, state: object) -> None:
     """A closed tab (or an expired session): its running answer stops and its KV is freed."""
     if isinstance(state, SessionSlot) and isinstance(state.value, TeachingSession):
-        _leave_round(page, state.value, wait_s=0)
+        leave_round(page, state.value, wait_s=0)
 
 
 # --- the layout ----------------------------------------------------------------------------------------------------
@@ -838,7 +367,9 @@ def add_teaching_page(
         with gr.Row():
             ui["session_csv"] = gr.DownloadButton("Session (CSV)", visible=False, elem_id="teach-csv")
             ui["session_pdf"] = gr.DownloadButton("Session handout (PDF)", visible=False, elem_id="teach-pdf")
-        EVENTS.wire(ui, page, concurrency={"generation": settings.generation_concurrency})
+        concurrency = {"generation": settings.generation_concurrency}
+        for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS):
+            events.wire(ui, page, concurrency=concurrency)
 
 
 def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
