@@ -125,6 +125,7 @@ def test_a_new_film_while_an_answer_streams_stops_it_and_the_next_answer_is_abou
     page.click("#ask")  # a second Ask while the answer runs: refused with a message, the text kept
     page.wait_for_selector(".toast-body:has-text('still running')", timeout=60_000)
     assert page.input_value("#question textarea") == "typed while it streams"
+    assert page.locator("#question .error").count() == 0, "the refusal left an error overlay on the Question box"
     assert page.evaluate(BOTS) == 1 and running(paced.url) == 1
 
     page.click("#film-upload button[aria-label='Clear']")  # × while the answer streams
@@ -281,3 +282,26 @@ def test_teaching_shows_film_warnings_in_the_notes_and_no_dead_controls(browser,
     context.close()
     assert "No DICOM header" in info and toasts == [], (info, toasts)
     assert share == 0
+
+
+def test_a_refused_film_on_teaching_marks_no_input(browser, paced, tmp_path):
+    """A film the check refuses: a toast says why, and no input (the read form, the report's fields, the level and
+    width sliders) carries the red error overlay."""
+    from medgemma_xray.film_check.negatives import negative_film
+
+    noise = tmp_path / "noise.png"
+    noise.write_bytes(png_bytes(quantize(negative_film("noise", seed=5), 8)))
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(f"{paced.url}/teaching", wait_until="load")
+    page.wait_for_selector("#teach-library :text('cases in the library')", timeout=60_000)
+    page.set_input_files("#teach-upload input[type=file]", str(noise))
+    page.wait_for_selector(".toast-body:has-text('does not look like a frontal chest X-ray')", timeout=120_000)
+    marked = page.evaluate(
+        "() => [...document.querySelectorAll('.error')].map((e) => e.closest('[id]')?.id).filter(Boolean)"
+    )
+    context.close()
+    inputs = [name for name in marked if name.startswith(("read-", "teach-indication", "teach-comparison",
+                                                           "teach-recommendation", "teach-level", "teach-width",
+                                                           "teach-question", "teach-case"))]  # fmt: skip
+    assert inputs == [], marked

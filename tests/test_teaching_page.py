@@ -47,8 +47,7 @@ def test_an_uploaded_films_warnings_are_in_its_notes_and_its_name_in_no_export(d
     film = tmp_path / "Doe_Jane_MRN-1234.png"
     film.write_bytes(png_bytes(quantize(chest_phantom(seed=8), 8)))
     client = Client(demo_server.url, verbose=False)
-    outputs = client.predict(handle_file(str(film)), api_name="/teaching_upload_film")
-    notes = outputs[5]
+    notes = client.predict(handle_file(str(film)), api_name="/teaching_upload_film")  # the case's notes
     assert notes.startswith("### Uploaded film 1") and "PNG 8-bit" in notes
     assert "⚠️ No DICOM header: the view position (PA) could not be checked." in notes
     client.predict(False, *([None] * 24), api_name="/teaching_reveal")

@@ -98,8 +98,9 @@ VIEW_ALT = "The film at full resolution: click to place a ruler or calliper poin
 EVENTS = PageEvents()
 
 # --- cases ---------------------------------------------------------------------------------------------------------
-CASE_OUT = [*VIEW_OUT, "model_view", "case_info", "reveal_box", "student_score", "model_score", "chat", "indication",
-            "comparison", "recommendation", "report_md", "report_sr", *FORM, "session"]  # fmt: skip
+OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
+SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
+         "recommendation", "report_md", "report_sr", *FORM]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -131,12 +132,23 @@ def leave_round(page: TeachingPage, held: TeachingSession, wait_s: float = 10.0)
 
 
 def _opened(page: TeachingPage, session: SessionSlot[TeachingSession], round_: Round, forbidden=frozenset()) -> dict:
+    """The case goes on screen: its notes now; the rest of the screen in the step that follows (show_case)."""
     leave_round(page, session.value)
     session.update(lambda s: s.with_round(round_, forbidden))
+    return {"case_info": _case_markdown(round_), "session": session}
+
+
+def show_case(page: TeachingPage, values: dict) -> dict:
+    """Everything else a newly opened case changes: the view, what the model sees, an empty read and chat. A step
+    of its own after the one that opens the case, which alone can refuse: an error marks its outputs, and the read
+    form's inputs must never carry one."""
+    held = session_of(values).value
+    if held.current is None:
+        return {}
+    round_ = held.current
     return {
         **view_outputs(page, round_),
         "model_view": _preview_of(round_.model_image),
-        "case_info": _case_markdown(round_),
         "reveal_box": "",
         "student_score": "",
         "model_score": "",
@@ -147,7 +159,6 @@ def _opened(page: TeachingPage, session: SessionSlot[TeachingSession], round_: R
         "report_md": hidden_update(),
         "report_sr": hidden_update(),
         **FORM_DEFAULTS,  # a new case starts a fresh read
-        "session": session,
     }
 
 
@@ -159,7 +170,7 @@ def _read_film(page: TeachingPage, data: bytes):
     return film, display_film(values, film.source, film.key)
 
 
-@EVENTS.on(["open_button.click"], inputs=["case_list", "session"], outputs=CASE_OUT, api_name="teaching_open_case")
+@EVENTS.on(["open_button.click"], inputs=["case_list", "session"], outputs=OPENED, api_name="teaching_open_case")
 def open_case(page: TeachingPage, values: dict) -> dict:
     case_id = values["case_list"]
     if not case_id:
@@ -176,14 +187,25 @@ def open_case(page: TeachingPage, values: dict) -> dict:
     return _opened(page, session, library_round(case, film, display))
 
 
-@EVENTS.on(["next_button.click"], inputs=["session"], outputs=["case_list", *CASE_OUT], api_name="teaching_next_case")
-def next_case(page: TeachingPage, values: dict) -> dict:
-    import gradio as gr
+@EVENTS.on(["open_case.success"], inputs=["session"], outputs=SHOWN)
+def show_opened_case(page: TeachingPage, values: dict) -> dict:
+    return show_case(page, values)
 
+
+@EVENTS.on(["next_button.click"], inputs=["session"], outputs=OPENED, api_name="teaching_next_case")
+def next_case(page: TeachingPage, values: dict) -> dict:
     case_id = session_of(values).value.next_case_id()
     if case_id is None:
         raise refused("No next case: press Shuffle for a quiz order (or the round is over).", logger, "teaching")
-    return {"case_list": gr.update(value=case_id), **open_case(page, {**values, "case_list": case_id})}
+    return open_case(page, {**values, "case_list": case_id})
+
+
+@EVENTS.on(["next_case.success"], inputs=["session"], outputs=["case_list", *SHOWN])
+def show_next_case(page: TeachingPage, values: dict) -> dict:
+    import gradio as gr
+
+    current = session_of(values).value.current
+    return {"case_list": gr.update(value=getattr(current, "case_id", None)), **show_case(page, values)}
 
 
 @EVENTS.on(["shuffle_button.click"], inputs=["session"], outputs=["case_list", "order_note", "session"],
@@ -202,7 +224,7 @@ def shuffle(page: TeachingPage, values: dict) -> dict:
     }
 
 
-@EVENTS.on(["film_upload.upload"], inputs=["film_upload", "session"], outputs=CASE_OUT,
+@EVENTS.on(["film_upload.upload"], inputs=["film_upload", "session"], outputs=OPENED,
            api_name="teaching_upload_film")  # fmt: skip
 def upload_film(page: TeachingPage, values: dict) -> dict:
     file_path = values["film_upload"]
@@ -219,6 +241,11 @@ def upload_film(page: TeachingPage, values: dict) -> dict:
     round_ = round_of(f"Uploaded film {held.uploads}", film, display)
     forbidden = upload_names(file_path) | set(display.dicom_identity.values())
     return _opened(page, session, round_, forbidden)
+
+
+@EVENTS.on(["upload_film.success"], inputs=["session"], outputs=SHOWN)
+def show_uploaded_case(page: TeachingPage, values: dict) -> dict:
+    return show_case(page, values)
 
 
 @EVENTS.on(["key_upload.upload"], inputs=["key_upload", "session"], outputs=["case_info", "session"],

@@ -44,6 +44,15 @@ def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
 
 
 def _view_changed(page: TeachingPage, values: dict, change) -> dict:
+    """Its outputs are the level and width sliders too (inputs): with no case open it says so in a notice and
+    changes nothing, rather than an error that would mark them."""
+    import gradio as gr
+
+    from medgemma_xray.web.teaching_context import NO_CASE, session_of
+
+    if session_of(values).value.current is None:
+        gr.Warning(NO_CASE)
+        return {}
     session, held, round_ = current_round(values)
     changed = replace(round_, view=change(round_))
     session.update(lambda s: s.updated(changed) if s.current is round_ else s)
