@@ -384,8 +384,10 @@ def report(page: MainPage, values: dict, request) -> Any:
 
 
 # --- the case as a whole -----------------------------------------------------------------------------------------
-@EVENTS.on(["new_case_button.click"], inputs=["session"], outputs=["upload", "question", *CLEARED],
-           concurrency_limit=None, api_name="new_case")  # fmt: skip
+# (the outputs in the order API clients have always had them: upload, preview, notes, chat, question, report, ...)
+@EVENTS.on(["new_case_button.click"], inputs=["session"], concurrency_limit=None, api_name="new_case",
+           outputs=["upload", "preview", "notes", "chat", "question", "report_box", "report_json", "report_md",
+                    "session"])  # fmt: skip
 def new_case(page: MainPage, values: dict) -> dict:
     return {**clear_case(page, values), "upload": None, "question": ""}
 
