@@ -22,7 +22,7 @@ from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
 from medgemma_xray.web.asking import client_key
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
-from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
+from medgemma_xray.web.page_style import page_style
 from medgemma_xray.web.page_wiring import PageEvents
 
 if TYPE_CHECKING:
@@ -406,7 +406,7 @@ def load_example(page: MainPage, values: dict) -> dict:
     return {"question": EXAMPLE_QUESTIONS[index]}
 
 
-@EVENTS.on(["blocks.load"], outputs=["badge"], js=ACCESSIBILITY_JS, api_name="model_badge")
+@EVENTS.on(["blocks.load"], outputs=["badge"], api_name="model_badge")
 def show_badge(page: MainPage, values: dict) -> dict:
     return {"badge": badge_markdown(page.service)}
 
@@ -436,7 +436,7 @@ def build_main_page(service: InferenceSurface, uploads: UploadInbox, intake: Fil
     ) as demo:
         ui["blocks"] = demo
         ui["session"] = gr.State(SessionSlot(Case()), delete_callback=lambda state: session_ended(page, state))
-        gr.HTML(PAGE_STYLE, padding=False, container=False)
+        page_style()
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         ui["badge"] = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():

@@ -10,8 +10,8 @@
   an upload box by what it shows ("Drop File Here - or - Click to Upload"), not by an aria-label that differs
   from its visible text (axe's label-content-name-mismatch, WCAG 2.5.3). Both now and whenever Gradio draws them
   again.
-Each page puts PAGE_STYLE in a gr.HTML (a route of a multi-page app gets no stylesheet of the main page's) and runs
-ACCESSIBILITY_JS when it loads.
+Each page puts page_style() at its top: a gr.HTML with the stylesheet (a route of a multi-page app gets no
+stylesheet of the main page's) that runs ACCESSIBILITY_JS as soon as it is drawn, before the page's load event.
 """
 
 PAGE_CSS = """
@@ -41,3 +41,10 @@ ACCESSIBILITY_JS = """
     attributeFilter: ['aria-label']});
 }
 """
+
+
+def page_style():
+    """The stylesheet and the accessibility script as one invisible component (call inside the page's Blocks)."""
+    import gradio as gr
+
+    return gr.HTML(PAGE_STYLE, js_on_load=f"({ACCESSIBILITY_JS.strip()})();", padding=False, container=False)

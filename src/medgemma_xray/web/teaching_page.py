@@ -22,7 +22,7 @@ from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round,
 from medgemma_xray.web import teaching_answers, teaching_exports, teaching_view
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
-from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
+from medgemma_xray.web.page_style import page_style
 from medgemma_xray.web.page_wiring import PageEvents
 from medgemma_xray.web.teaching_context import (
     FORM,
@@ -265,7 +265,7 @@ def upload_key(page: TeachingPage, values: dict) -> dict:
     return {"case_info": _case_markdown(keyed), "session": session}
 
 
-@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=f"() => {{ ({SHORTCUT_JS})(); ({ACCESSIBILITY_JS})(); }}",
+@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=SHORTCUT_JS,
            api_name="teaching_cases")  # fmt: skip
 def list_cases(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
@@ -299,7 +299,7 @@ def add_teaching_page(
     with demo.route("Teaching rounds", "/teaching") as route:
         ui["route"] = route
         ui["session"] = gr.State(SessionSlot(TeachingSession()), delete_callback=lambda s: session_ended(page, s))
-        gr.HTML(PAGE_STYLE, padding=False, container=False)
+        page_style()
         gr.Markdown(
             "# Teaching rounds\n**For education and research only. Not a medical device and not for diagnosis.** "
             "Keys: 1 lung, 2 mediastinum, 3 bone, 0 the file's window, I invert, +/− zoom, R reset, P projector."
