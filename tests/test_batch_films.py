@@ -77,7 +77,7 @@ def write_twenty_films(folder: Path) -> dict[str, str]:
     return {
         "broken/truncated.dcm": "CorruptImageError",
         "broken/head_ct.dcm": "UnsupportedImageError",
-        "broken/huge.dcm": "ImageTooLargeError",  # refused from its size, before reading
+        "broken/huge.dcm": "FilmTooLarge",  # refused by the film intake from its size, before reading
     }
 
 
@@ -159,7 +159,7 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
     assert "<" in resumed.stderr
     complete = sum(1 for n in Counter(json.loads(line)["film_id"] for line in before).values() if n == 3)
     assert f"films: 20 found, {complete} already done, {20 - complete} processed now" in resumed.stdout
-    reasons = "UnsupportedImageError 1, ImageTooLargeError 1, CorruptImageError 1"
+    reasons = "UnsupportedImageError 1, FilmTooLarge 1, CorruptImageError 1"
     assert f"failed films in this folder: 3; by reason: {reasons}" in resumed.stdout
     assert "films/s" in resumed.stdout and "tokens/s" in resumed.stdout
 
