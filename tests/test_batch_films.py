@@ -77,7 +77,7 @@ def write_twenty_films(folder: Path) -> dict[str, str]:
     return {
         "broken/truncated.dcm": "CorruptImageError",
         "broken/head_ct.dcm": "UnsupportedImageError",
-        "broken/huge.dcm": "ImageTooLargeError",  # refused from its size, before reading
+        "broken/huge.dcm": "FilmTooLarge",  # refused by the film intake from its size, before reading
     }
 
 
@@ -159,7 +159,7 @@ def test_twenty_films_all_tasks_recorded_failures_and_resume_after_sigkill(tmp_p
     assert "<" in resumed.stderr
     complete = sum(1 for n in Counter(json.loads(line)["film_id"] for line in before).values() if n == 3)
     assert f"films: 20 found, {complete} already done, {20 - complete} processed now" in resumed.stdout
-    reasons = "UnsupportedImageError 1, ImageTooLargeError 1, CorruptImageError 1"
+    reasons = "UnsupportedImageError 1, FilmTooLarge 1, CorruptImageError 1"
     assert f"failed films in this folder: 3; by reason: {reasons}" in resumed.stdout
     assert "films/s" in resumed.stdout and "tokens/s" in resumed.stdout
 
@@ -487,3 +487,33 @@ def test_hostile_files_neither_stop_the_batch_nor_leak_identifiers(tmp_path, ran
     assert set(errors) == {"bits-contradict.dcm", "ct.dcm", "bomb.png", "bomb-rle.dcm"}
     assert "the limit is 40 Mpx" in errors["bomb.png"]["message"]
     assert "the limit is 40 Mpx" in errors["bomb-rle.dcm"]["message"]
+
+
+def test_with_the_film_check_at_warn_an_implausible_film_is_read_flagged_and_the_run_exits_1(
+    tmp_path, random_model_dir
+):
+    """FILM_CHECK=warn: noise is read (its answers recorded) but flagged in its record and in the summary, and the
+    run exits 1, so no script takes the folder's results as clean (with the default, refuse, it is an error record:
+    tests/test_front_door_conformance.py)."""
+    from medgemma_xray.film_check.negatives import negative_film
+
+    films, out = tmp_path / "films", tmp_path / "out"
+    films.mkdir()
+    (films / "chest.png").write_bytes(png_bytes(film(1, 8)))
+    (films / "noise.png").write_bytes(png_bytes(quantize(negative_film("noise", seed=3), 8)))
+    questions = tmp_path / "questions.txt"
+    questions.write_text("Is there an effusion?\n")
+    done = subprocess.run(
+        [arg if arg != "all" else "qa" for arg in batch_command(films, out, questions, "--no_progress")],
+        cwd=REPO_ROOT,
+        env={**environment(), "FILM_CHECK": "warn"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "flagged films: 1 do not look like frontal chest films" in done.stdout, done.stdout
+    records = {json.loads(line)["file"]: json.loads(line) for line in journal_lines(out / "results.jsonl")}
+    assert records["noise.png"]["status"] == "ok" and records["noise.png"]["film"]["flagged"] is True
+    assert "not meaningful" in records["noise.png"]["film"]["warnings"][-1]
+    assert records["chest.png"]["film"]["flagged"] is False

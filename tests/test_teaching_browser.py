@@ -181,6 +181,8 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
         for index, title in enumerate(order[:3]):
             page.click("#teach-next")
             page.wait_for_selector(f"#teach-case-info :text('{title}')", timeout=60_000)
+            # The rest of the screen (an empty read, no report) follows the case's notes in a step of its own.
+            page.wait_for_function("() => document.querySelector('#teach-reveal-box').innerText.trim() === ''")
             key = by_title[title].key
             if index == 0:  # the key itself: every field right
                 read = read_from_labels(key)

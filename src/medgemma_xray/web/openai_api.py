@@ -210,7 +210,6 @@ def parse_chat_request(
         if role not in ("system", "developer", "user", "assistant"):
             raise ApiError(400, f"messages[{index}].role must be system, user or assistant.", param="messages")
         text, images = _text_and_images(message.get("content"), role, index)
-        limits.check_markers(text)
         if role in ("system", "developer"):
             if index != 0:
                 raise ApiError(400, "Only the first message may be a system message.", param="messages")
@@ -232,16 +231,15 @@ def parse_chat_request(
         )
     if not turns or turns[-1].role != "user":
         raise ApiError(400, "The last message must be the user's question.", param="messages")
-    if system_prompt is not None and len(system_prompt.encode()) > settings.max_prompt_tokens:
-        raise ApiError(400, f"The system message is longer than {settings.max_prompt_tokens} tokens.")
-    limits.check_question(sum(turn.role == "user" for turn in turns) - 1, turns[-1].text)
+    extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
+    # web.asking's rules on the whole conversation (every turn, markers, total tokens), before the film is decoded
+    limits.check(GenerationRequest(image=None, turns=tuple(turns), max_new_tokens=max_tokens, **extra))
     data = decode_data_url(image_urls[0], settings.max_file_size_bytes)
     image, warnings, image_hash = load_film(data)
     conversation = body.get("conversation_id")
     if conversation is not None and (not isinstance(conversation, str) or not 1 <= len(conversation) <= 128):
         raise ApiError(400, "conversation_id must be a string of 1 to 128 characters.", param="conversation_id")
     stream_options = body.get("stream_options") or {}
-    extra = {"system_prompt": system_prompt} if system_prompt is not None else {}
     request = GenerationRequest(
         image=image,
         turns=tuple(turns),
@@ -264,79 +262,20 @@ def parse_chat_request(
     )
 
 
-FILM_CACHE_BYTES = 256 << 20  # decoded films kept for clients that resend them (follow-ups, a class on one film)
+def film_loader(settings, intake=None) -> Callable[[bytes], tuple]:
+    """bytes -> (the model's input image, the film's warnings, a content hash of that image), through the server's
+    one film intake (medgemma_xray.intake: its decoded-film cache and its bound on concurrent decodes). The image
+    is shared between requests that sent the same bytes: read it, never change it."""
+    from medgemma_xray.intake import FilmIntake, FilmRefused
 
-
-class DecodedFilms:
-    """Decoded films by a hash of the bytes the client sent: an OpenAI client resends the film with every follow-up,
-    and decoding it (base64, PNG/DICOM, padding, hashing) is what made the API's TTFT longer than the UI's, which
-    decodes once at upload. Least recently used first out, bounded by the decoded images' bytes."""
-
-    def __init__(self, max_bytes: int = FILM_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._films: OrderedDict[str, tuple] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> tuple | None:
-        with self._lock:
-            film = self._films.get(key)
-            if film is not None:
-                self._films.move_to_end(key)
-            return film
-
-    def put(self, key: str, film: tuple) -> None:
-        size = film[0].width * film[0].height * len(film[0].getbands())
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            if key in self._films:
-                return
-            self._films[key] = film
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (image, *_rest) = self._films.popitem(last=False)
-                self._bytes -= image.width * image.height * len(image.getbands())
-
-
-def film_loader(settings, cache: DecodedFilms | None = None) -> Callable[[bytes], tuple]:
-    """bytes -> (the model's input image, the film's warnings, a content hash of that image). The image is shared
-    between requests that sent the same bytes: read it, never change it."""
-    cache = cache if cache is not None else DecodedFilms()
-    reference = None
-    if settings.film_check != "off":
-        from medgemma_xray.film_check import load_reference
-        from medgemma_xray.film_check.check import REFERENCE_PATH
-
-        reference = load_reference(settings.film_check_reference or REFERENCE_PATH)
+    intake = intake if intake is not None else FilmIntake.for_settings(settings)
 
     def load(data: bytes) -> tuple:
-        from medgemma_xray.film_check import check_film
-        from medgemma_xray.xray_io import ImageInputError, load_radiograph
-        from medgemma_xray.xray_io.preprocess import model_input_image
-
-        key = hashlib.sha256(data).hexdigest()
-        cached = cache.get(key)
-        if cached is not None:
-            return cached
         try:
-            film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
-        except ImageInputError as exc:
-            logger.warning("refused a film: %s", type(exc).__name__)
-            too_large = type(exc).__name__ == "ImageTooLargeError"
-            raise ApiError(413 if too_large else 400, str(exc), param="messages", code="invalid_image") from None
-        image = model_input_image(film)
-        warnings = tuple(film.warnings)
-        if reference is not None:  # the same check as the UI's upload: the model reads only chest films
-            verdict = check_film(film.pixels, reference)
-            if not verdict.plausible and settings.film_check == "refuse":
-                logger.warning("refused a film: NotAChestFilmError")
-                raise ApiError(400, verdict.refusal(), param="messages", code="not_a_chest_film")
-            if not verdict.plausible:
-                warnings += (verdict.warning(),)
-        loaded = (image, warnings, hashlib.sha256(image.tobytes()).hexdigest())
-        cache.put(key, loaded)
-        return loaded
+            film = intake.read(data)
+        except FilmRefused as exc:
+            raise ApiError(exc.http_status, str(exc), param="messages", code=exc.code) from None
+        return film.model_image, film.warnings, film.image_key
 
     return load
 
@@ -400,32 +339,6 @@ class TokenCursor:
         return start, self.sent_tokens
 
 
-class InFlightConversations:
-    """One answer at a time per conversation: a second one would race the first for the same KV state."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running: set[str] = set()
-
-    def claim(self, conversation_id: str | None) -> None:
-        if conversation_id is None:
-            return
-        with self._lock:
-            if conversation_id in self._running:
-                raise ApiError(
-                    409,
-                    "An answer in this conversation is still running; wait for it before asking the next question.",
-                    param="conversation_id",
-                    code="conversation_busy",
-                )
-            self._running.add(conversation_id)
-
-    def release(self, conversation_id: str | None) -> None:
-        if conversation_id is not None:
-            with self._lock:
-                self._running.discard(conversation_id)
-
-
 class BearerCheck:
     """The UI's login as a bearer token "name:password". Verified tokens are remembered by their SHA-256 for a few
     minutes, so a streaming client does not pay scrypt on every request."""
@@ -476,9 +389,15 @@ def scoped_conversation(conversation_id: str | None, user: str | None) -> str | 
 def service_error(exc: BaseException, service: "InferenceSurface") -> ApiError:
     """The service's refusals in OpenAI's shape: a full queue is 429, a server not ready (or a lost replica) 503."""
     from medgemma_xray.serving.service import ServiceUnavailable
+    from medgemma_xray.web.asking import AskRefused, to_openai
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, AskRefused):
+        status, body, headers = to_openai(exc)
+        error = body["error"]
+        return ApiError(status, error["message"], kind=error["type"], code=error["code"], param=error["param"],
+                        retry_after_s=exc.retry_after_s)  # fmt: skip
     if isinstance(exc, RequestError):
         return ApiError(400, str(exc), param="messages")
     if isinstance(exc, ServiceUnavailable):
@@ -508,13 +427,12 @@ def add_openai_routes(api, service: "InferenceSurface", auth: Callable[[str, str
     from fastapi import Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    from medgemma_xray.web.limits import RequestLimits
+    from medgemma_xray.web.asking import Asking
 
     settings = service.settings
-    limits = RequestLimits.from_settings(settings)
+    asking = Asking.for_service(service)  # the pages' own: one set of rules and locks for every door
     load_film = film_loader(settings)
     bearer = BearerCheck(auth)
-    in_flight = InFlightConversations()
     # Each waiting or running answer blocks one worker thread on its next token; more than the service can hold
     # wait here instead of starving the server's shared pool.
     threads = anyio.CapacityLimiter(settings.generation_concurrency + settings.queue_size + 4)
@@ -540,18 +458,18 @@ def add_openai_routes(api, service: "InferenceSurface", auth: Callable[[str, str
             user = bearer.user(request.headers.get("authorization"))
             body = await _read_json(request, max_body)
             call = await anyio.to_thread.run_sync(
-                parse_chat_request, body, settings, limits, served_model_name(service.info()), load_film
+                parse_chat_request, body, settings, asking, served_model_name(service.info()), load_film
             )
         except ApiError as exc:
             return error_response(exc)
         except RequestError as exc:  # the limits' refusals
-            return error_response(ApiError(400, str(exc), param="messages"))
+            return error_response(service_error(exc, service))
         conversation = scoped_conversation(call.request.conversation_id, user)
         call.request = _with_conversation(call.request, conversation)
         try:
-            in_flight.claim(conversation)
-        except ApiError as exc:
-            return error_response(exc)
+            ticket = asking.claim(conversation)
+        except RequestError as exc:
+            return error_response(service_error(exc, service))
         stats = GenerationStats()
         answer = service.stream_answer(call.request, stats)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -570,7 +488,7 @@ def add_openai_routes(api, service: "InferenceSurface", auth: Callable[[str, str
             first = await next_text()  # submits: a full queue or a bad request is refused before any header
         except BaseException as exc:
             answer.close()
-            in_flight.release(conversation)
+            asking.release(ticket)
             if isinstance(exc, Exception):
                 return error_response(service_error(exc, service))
             raise
@@ -584,7 +502,7 @@ def add_openai_routes(api, service: "InferenceSurface", auth: Callable[[str, str
                 return error_response(service_error(exc, service))
             finally:
                 answer.close()
-                in_flight.release(conversation)
+                asking.release(ticket)
             message = {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "finish_reason": stats.finish_reason or "stop", "logprobs": None}
             if call.logprobs:
@@ -640,7 +558,7 @@ def add_openai_routes(api, service: "InferenceSurface", auth: Callable[[str, str
                 yield b"data: " + json.dumps(service_error(exc, service).body()).encode() + b"\n\n"
             finally:
                 answer.close()  # a closed connection cancels the answer: its slot frees at the scheduler's next turn
-                in_flight.release(conversation)
+                asking.release(ticket)
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
