@@ -1,0 +1,148 @@
+"""What every API route shares at the HTTP edge: OpenAI-shaped refusals for whatever a route raises, the body read
+under a size limit and validated by the typed request, and the API's own OpenAPI document.
+
+The body is parsed by pydantic's JSON parser straight into the typed request (no Python dict in between): JSON
+nested 100,000 deep or a lone surrogate ("\\ud800") is a 400 naming the problem, never a RecursionError, a
+UnicodeEncodeError later, or a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi.routing import APIRoute
+
+from medgemma_xray.web.openai.errors import ApiError, from_service, from_validation
+from medgemma_xray.web.openai.protocol import ChatCompletionRequest, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+JSON_OVERHEAD_BYTES = 1 << 20  # the messages around the film; questions are bounded far below this
+PARSE_IN_THREAD_BYTES = 64 << 10  # a larger body (a film) is parsed off the event loop
+OPENAPI_TITLE = "MedGemma X-Ray assistant: OpenAI-compatible API"
+OPENAPI_VERSION = "1"
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": description}
+    for status, description in (
+        (400, "The request is malformed or asks for something this server does not do; `param` names the field."),
+        (401, "A login is configured: send 'name:password' as the bearer token."),
+        (404, "No such model or route."),
+        (405, "The route exists with another method."),
+        (409, "An answer in this conversation is still running."),
+        (413, "The body is larger than the transport limit (the film's size limit plus 1 MiB)."),
+        (429, "This client asked too often."),
+        (500, "A fault of the server, with an incident number; the server keeps running."),
+        (503, "The queue is full (server_busy) or no model serves now (unavailable); see Retry-After."),
+        (504, "The answer did not finish within the server's time limit."),
+    )
+}
+
+
+class OpenAIRoute(APIRoute):
+    """A route whose every refusal, its own or FastAPI's, is in OpenAI's error shape."""
+
+    def get_route_handler(self):
+        from fastapi.exceptions import RequestValidationError
+        from starlette.exceptions import HTTPException
+
+        handler = super().get_route_handler()
+
+        async def answer_in_openai_shape(request):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return exc.response()
+            except RequestValidationError as exc:
+                errors = exc.errors()
+                param = ".".join(str(part) for part in errors[0]["loc"][1:]) if errors else None
+                return ApiError(400, f"Invalid value for '{param}'.", param=param).response()
+            except HTTPException as exc:
+                return ApiError(exc.status_code, str(exc.detail)).response()
+            except Exception as exc:  # a fault of ours: an incident number, never a traceback
+                return from_service(exc).response()
+
+        return answer_in_openai_shape
+
+
+def body_limit(settings) -> int:
+    return settings.max_file_size_bytes * 4 // 3 + JSON_OVERHEAD_BYTES
+
+
+async def read_body(request, max_bytes: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed max_bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise too_large(max_bytes)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_large(max_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413,
+        f"The request is larger than {max_bytes / 2**20:.0f} MiB; send one film per request, within MAX_FILE_SIZE_MB.",
+        code="request_too_large",
+    )
+
+
+async def chat_request(request, max_bytes: int) -> ChatCompletionRequest:
+    from pydantic import ValidationError
+
+    body = await read_body(request, max_bytes)
+    try:
+        if len(body) < PARSE_IN_THREAD_BYTES:
+            return ChatCompletionRequest.model_validate_json(body)
+        import anyio
+
+        return await anyio.to_thread.run_sync(ChatCompletionRequest.model_validate_json, body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def openapi_document(routes) -> dict[str, Any]:
+    """The API routes' OpenAPI document (FastAPI's own /openapi.json is off: it would describe Gradio's routes).
+    The chat route reads its body itself (under a size limit), so its typed request is added to the document here
+    rather than read from the handler's signature."""
+    from fastapi.openapi.utils import get_openapi
+
+    document = get_openapi(title=OPENAPI_TITLE, version=OPENAPI_VERSION, routes=list(routes))
+    schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(schema.pop("$defs", {}))
+    schemas["ChatCompletionRequest"] = schema
+    return document
+
+
+def not_a_route(method: str, path: str, routes) -> ApiError:
+    """OpenAI's answer to a URL it does not serve; a route that exists with another method is a 405."""
+    allowed = sorted(
+        method
+        for route in routes
+        if isinstance(route, APIRoute) and route.include_in_schema and route.path == path
+        for method in route.methods or ()
+    )
+    if allowed:
+        return ApiError(
+            405,
+            f"{method} is not allowed on {path}; use {' or '.join(allowed)}.",
+            headers={"Allow": ", ".join(allowed)},
+            code="method_not_allowed",
+        )
+    return ApiError(
+        404, f"Invalid URL ({method} {path}): this server has no such route (see /v1/openapi.json).", code="unknown_url"
+    )
+
+
+CHAT_REQUEST_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}},
+    }
+}
