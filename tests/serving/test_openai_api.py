@@ -58,6 +58,7 @@ def film_message(url: str, question: str) -> dict:
 def server(tmp_path_factory, random_model_dir):
     folder = tmp_path_factory.mktemp("openai")
     add_user(folder / "credentials", "teacher", PASSWORD)
+    add_user(folder / "credentials", "resident", PASSWORD)
     env = {
         "MODEL_PATH": str(random_model_dir),
         "AUTH_FILE": str(folder / "credentials"),
@@ -156,6 +157,26 @@ def test_remote_urls_and_bad_files_are_refused_in_openai_shape(client, model, ur
     assert error["code"] == code, error
     assert refused.value.response.json()["error"]["type"] == "invalid_request_error"
     assert "Traceback" not in error["message"] and "Internal error" not in error["message"]
+
+
+def test_a_conversation_id_is_bound_to_the_login_that_started_it(client, server, model):
+    first = [film_message(data_url("image/png", png_bytes(quantize(chest_phantom(seed=5), 8))), "Effusion?")]
+    answer = client.chat.completions.create(
+        model=model, messages=first, max_tokens=2, extra_body={"conversation_id": "a"}
+    )
+    issued = answer.model_extra["medgemma"]["conversation_id"]
+    follow_up = [*first, {"role": "assistant", "content": answer.choices[0].message.content}]
+    follow_up.append({"role": "user", "content": "Which side?"})
+    resident = openai.OpenAI(base_url=f"{server.url}/v1", api_key=f"resident:{PASSWORD}", max_retries=0, timeout=120)
+    other = resident.chat.completions.create(
+        model=model, messages=follow_up, max_tokens=2, extra_body={"conversation_id": issued}
+    )
+    assert other.usage.prompt_tokens_details.cached_tokens == 0, "another login learns nothing from the teacher's KV"
+    assert other.model_extra["medgemma"]["conversation_id"] != issued
+    own = client.chat.completions.create(
+        model=model, messages=follow_up, max_tokens=2, extra_body={"conversation_id": issued}
+    )
+    assert own.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_the_login_is_a_bearer_token(server, model):
