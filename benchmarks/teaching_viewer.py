@@ -48,11 +48,14 @@ def in_process(repeats: int) -> dict:
 
     from PIL import Image
 
-    from medgemma_xray.teaching.viewer import ViewState, click, read_display_film, render_view
+    from medgemma_xray.intake import FilmIntake, IntakeConfig
+    from medgemma_xray.teaching.viewer import ViewState, click, display_film, render_view
 
+    intake = FilmIntake(IntakeConfig(film_check="off", max_bytes=1 << 28))
     results = {}
     for rows, cols in SIZES:
-        _, film = read_display_film(_film(rows, cols), max_pixels=40_000_000, max_bytes=1 << 28)
+        intake_film, values = intake.read_with_values(_film(rows, cols))  # as the teaching page reads an upload
+        film = display_film(values, intake_film.source, intake_film.key)
         base = ViewState.initial(film)
         states = {
             "preset lung": base.with_window(*film.preset("lung")),
@@ -65,7 +68,7 @@ def in_process(repeats: int) -> dict:
             samples = []
             for _ in range(repeats):
                 started = time.perf_counter()
-                picture, _ = render_view(film, state)
+                picture, _ = render_view(film, state, full=values.values)  # the page's zoomed views read it
                 Image.fromarray(picture).save(io.BytesIO(), format="PNG", compress_level=1)  # as web.teaching_page does
                 samples.append((time.perf_counter() - started) * 1000)
             results[f"{rows}x{cols} {name}"] = _summary(samples)

@@ -74,4 +74,4 @@ def test_a_large_noise_png_is_refused_before_the_model_reads_it(demo_server, tmp
     assert "Upload a PA or AP chest radiograph" in str(refused.value)
     with pytest.raises(Exception, match="Upload a chest X-ray first"):
         client.predict("What are the findings?", api_name="/ask")
-    assert "user error: NotAChestFilmError" in demo_server.log_text
+    assert "user error: NotAChestFilm" in demo_server.log_text

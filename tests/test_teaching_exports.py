@@ -14,6 +14,7 @@ import pytest
 
 from medgemma_xray.assistant.report import parse_report
 from medgemma_xray.demo_model.teaching import structured_report
+from medgemma_xray.intake import FilmIntake, IntakeConfig
 from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
 from medgemma_xray.phantoms.findings import sample_labels
 from medgemma_xray.phantoms.labelled import labelled_phantom
@@ -23,17 +24,23 @@ from medgemma_xray.teaching.rounds import upload_names
 from medgemma_xray.teaching.scoring import read_from_labels, score_read
 from medgemma_xray.teaching.session_export import CaseRecord, session_csv, session_pdf
 from medgemma_xray.teaching.sr import BASIC_TEXT_SR, sr_bytes
-from medgemma_xray.teaching.viewer import read_display_film
+from medgemma_xray.teaching.viewer import display_film
 
 PATIENT = {"patient_name": "Doe^Jane", "patient_id": "MRN-77123"}
 UPLOAD_NAME = "Doe_Jane_MRN-77123_chest.dcm"
-LIMITS = {"max_pixels": 40_000_000, "max_bytes": 1 << 28}
+INTAKE = FilmIntake(IntakeConfig(film_check="off"))
+
+
+def read_display_film(data: bytes):
+    """(the case's film, the viewer's film) as the teaching page reads an upload: the intake's one decode."""
+    film, values = INTAKE.read_with_values(data)
+    return film.film, display_film(values, film.source, film.key)
 
 
 def _identified_film():
     phantom = labelled_phantom(5)
     data = dicom_bytes(quantize(phantom.film, 12), bits_stored=12, window=(2048, 4096), pixel_spacing_mm=0.8, **PATIENT)
-    return phantom.labels, *read_display_film(data, **LIMITS)
+    return phantom.labels, *read_display_film(data)
 
 
 def _report(labels) -> TeachingReport:
@@ -89,7 +96,7 @@ def test_the_sr_is_anonymous_unless_the_operator_allows_and_the_film_has_identif
     assert allowed.StudyInstanceUID == identity["StudyInstanceUID"]
     evidence = allowed.CurrentRequestedProcedureEvidenceSequence[0].ReferencedSeriesSequence[0]
     assert evidence.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == identity["SOPInstanceUID"]
-    _, png_display = read_display_film(png_bytes(quantize(labelled_phantom(5).film, 8)), **LIMITS)
+    _, png_display = read_display_film(png_bytes(quantize(labelled_phantom(5).film, 8)))
     from_png = pydicom.dcmread(io.BytesIO(sr_bytes(_report(labels), png_display.dicom_identity, True)))
     assert str(from_png.PatientName) == "" and from_png.PatientID == ""
 

@@ -1,41 +1,55 @@
-"""medgemma_xray.teaching.viewer: the film's own values and window, presets, invert, zoom and pan, and the ruler and calliper
-in millimetres from the DICOM pixel spacing ("uncalibrated" without it)."""
+"""medgemma_xray.teaching.viewer: the film's own values and window (from the intake's one decode), presets, invert,
+zoom and pan (the full-resolution values used only where the overview lacks the detail), and the ruler and
+calliper in millimetres from the DICOM pixel spacing ("uncalibrated" without it)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from medgemma_xray.intake import FilmIntake, IntakeConfig
 from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
 from medgemma_xray.phantoms.labelled import labelled_phantom
 from medgemma_xray.teaching.viewer import (
     PRESETS,
     ViewState,
     click,
+    display_film,
     measurement_text,
-    read_display_film,
+    needs_full,
     render_view,
     view_crop,
     windowed,
 )
 
-LIMITS = {"max_pixels": 40_000_000, "max_bytes": 1 << 28}
+INTAKE = FilmIntake(IntakeConfig(film_check="off"))
 FILM = labelled_phantom(1).film
 
 
-def _dicom(**kwargs):
+def read_display_film(data: bytes, overview_max: int = 1080):
+    """What the teaching page does with an upload: the intake's one decode, the viewer's overview of its values."""
+    film, values = INTAKE.read_with_values(data)
+    return values, display_film(values, film.source, film.key, overview_max)
+
+
+def _dicom_bytes(**kwargs) -> bytes:
     options = {"bits_stored": 12, "window": (1800, 3000), "pixel_spacing_mm": 0.5, **kwargs}
     stored = quantize(FILM, 12)
     if options.get("photometric") == "MONOCHROME1":
         stored = (4095 - stored).astype(np.uint16)
-    return read_display_film(dicom_bytes(stored, **options), **LIMITS)[1]
+    return dicom_bytes(stored, **options)
+
+
+def _dicom(**kwargs):
+    return read_display_film(_dicom_bytes(**kwargs))[1]
 
 
 def test_dicom_values_and_window_come_from_the_file():
-    film = _dicom(rescale=(2.0, -1000.0))
+    values, film = read_display_film(_dicom_bytes(rescale=(2.0, -1000.0)))
     assert film.default_window == (1800.0, 3000.0) and film.pixel_spacing_mm == (0.5, 0.5)
     expected = quantize(FILM, 12).astype(np.float32) * 2 - 1000  # the Modality LUT applied, nothing stretched
-    assert np.array_equal(film.values, expected)
+    assert np.array_equal(values.values, expected)
+    assert film.value_range == (float(expected.min()), float(expected.max()))
 
 
 def test_monochrome1_is_shown_bright_where_attenuating():
@@ -48,10 +62,27 @@ def test_monochrome1_is_shown_bright_where_attenuating():
 
 
 def test_png_keeps_its_8_or_16_bits():
-    eight = read_display_film(png_bytes(quantize(FILM, 8)), **LIMITS)[1]
-    sixteen = read_display_film(png_bytes(quantize(FILM, 16)), **LIMITS)[1]
+    eight = read_display_film(png_bytes(quantize(FILM, 8)))[1]
+    values, sixteen = read_display_film(png_bytes(quantize(FILM, 16)))
     assert (eight.bits, eight.default_window, eight.pixel_spacing_mm) == (8, (128.0, 256.0), None)
-    assert sixteen.bits == 16 and np.array_equal(sixteen.values, quantize(FILM, 16).astype(np.float32))
+    assert sixteen.bits == 16 and np.array_equal(values.values, quantize(FILM, 16).astype(np.float32))
+
+
+def test_a_session_keeps_an_overview_and_a_zoomed_view_reads_the_full_values():
+    """The viewer's film in a session is at most the overview's size; a whole-film view needs nothing more, a view
+    zoomed past the overview's detail is sharp only with the full-resolution values (and still correct without)."""
+    values, film = read_display_film(_dicom_bytes(), overview_max=300)  # 1.5 views, as the page keeps
+    assert max(film.overview.shape) == 300 and film.shape == values.shape and film.nbytes < values.nbytes / 2
+    whole = ViewState.initial(film)
+    assert not needs_full(film, whole, view_max=200)
+    zoomed = whole.zoomed(8)
+    assert needs_full(film, zoomed, view_max=200)
+    sharp, _ = render_view(film, zoomed, view_max=200, full=values.values)
+    soft, _ = render_view(film, zoomed, view_max=200)
+    reference, _ = render_view(read_display_film(_dicom_bytes(), overview_max=10_000)[1], zoomed, view_max=200)
+    assert sharp.shape == soft.shape == reference.shape
+    assert np.abs(sharp.astype(int) - reference.astype(int)).max() <= 1  # the full film's own pixels
+    assert np.abs(soft.astype(int) - reference.astype(int)).mean() > 1  # the overview's: blurred
 
 
 def test_presets_are_fractions_of_the_default_window_and_change_the_pixels():
@@ -100,7 +131,7 @@ def test_the_ruler_reads_millimetres_from_the_pixel_spacing():
 
 
 def test_without_pixel_spacing_the_ruler_says_uncalibrated():
-    film = read_display_film(png_bytes(quantize(FILM, 8)), **LIMITS)[1]
+    film = read_display_film(png_bytes(quantize(FILM, 8)))[1]
     state = ViewState.initial(film)
     crop = view_crop(film.shape, state)
     for row in (100, 200):

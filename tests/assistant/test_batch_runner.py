@@ -9,17 +9,31 @@ from medgemma_xray.assistant.batch.journal import Journal
 from medgemma_xray.assistant.batch.requests import scheduled_requests, sequential_requests
 from medgemma_xray.assistant.batch.runner import BatchPlan, BatchUsageError, run_batch
 from medgemma_xray.assistant.report_schema import REPORT_PROMPT
+from medgemma_xray.cli.batch import film_reader
 from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 from medgemma_xray.pytorch_backend.eager import TorchInference
+from medgemma_xray.serving.settings import Settings
 
-BAD_SIDE = 300  # the film whose vision batch fails in the backend
+BAD_FILM = "b.png"  # the film whose vision batch fails in the backend
+BAD_IMAGES: list = []  # the model images read from it (kept alive, so identity is theirs alone)
+
+
+def read_film(path):
+    """The batch CLI's own reader (the film intake, film check included), marking the bad film's image."""
+    details, image = READER(path)
+    if path.name == BAD_FILM:
+        BAD_IMAGES.append(image)
+    return details, image
+
+
+READER = film_reader(Settings())
 
 
 class FlakyVision(TorchInference):
-    """The real demo backend, with a fault injected: the vision tower fails on one film size (as out-of-memory)."""
+    """The real demo backend, with a fault injected: the vision tower fails on one film (as out-of-memory)."""
 
     def _image_features_impl(self, images):
-        if any(image.size[0] == BAD_SIDE for image in images):
+        if any(image is bad for image in images for bad in BAD_IMAGES):
             raise MemoryError("injected: out of memory in the vision tower")
         return super()._image_features_impl(images)
 
@@ -38,7 +52,7 @@ def backend(random_model_dir):
 def test_failures_of_any_type_are_recorded_per_film_and_task_and_the_run_goes_on(tmp_path, backend):
     films = tmp_path / "films"
     films.mkdir()
-    sizes = {"a.png": 256, "b.png": BAD_SIDE, "c.png": 256, "d.png": 256}
+    sizes = {"a.png": 256, "b.png": 300, "c.png": 256, "d.png": 256}
     for seed, (name, side) in enumerate(sizes.items()):
         (films / name).write_bytes(png_bytes(quantize(chest_phantom(side, 224, seed=seed), 8)))
     real = sequential_requests(backend)
@@ -62,7 +76,7 @@ def test_failures_of_any_type_are_recorded_per_film_and_task_and_the_run_goes_on
         max_new_tokens=3,
         batch_size=2,
     )
-    summary = run_batch(plan, backend, run_requests, progress=False)
+    summary = run_batch(plan, backend, run_requests, progress=False, read_film=read_film)
     assert calls == [4, 4]  # two films in flight per call: report + one question each
     with Journal.open(plan.output_dir) as journal:
         status = {(r["file"], r["task"]): (r["status"], (r.get("error") or {}).get("class")) for r in journal}
@@ -86,7 +100,9 @@ def test_failures_of_any_type_are_recorded_per_film_and_task_and_the_run_goes_on
     assert features.shape == (3, 256, 128)
 
     # A resume with --retry_failed redoes exactly the failed records, once.
-    retried = run_batch(BatchPlan(**{**plan.__dict__, "retry_failed": True}), backend, real, progress=False)
+    retried = run_batch(
+        BatchPlan(**{**plan.__dict__, "retry_failed": True}), backend, real, progress=False, read_film=read_film
+    )
     assert retried.processed == 4 and retried.failed_films == 1  # b.png's vision still fails
     with Journal.open(plan.output_dir) as journal:
         keys = [(r["file"], r["task"]) for r in journal]
@@ -99,12 +115,20 @@ def test_qa_needs_questions_and_a_resume_refuses_other_questions(tmp_path, backe
     films.mkdir()
     (films / "a.png").write_bytes(png_bytes(quantize(chest_phantom(256, 224, seed=1), 8)))
     with pytest.raises(BatchUsageError, match="needs questions"):
-        run_batch(BatchPlan(films, tmp_path / "out", ("qa",)), backend, progress=False)
+        run_batch(BatchPlan(films, tmp_path / "out", ("qa",)), backend, progress=False, read_film=read_film)
     run_batch(
-        BatchPlan(films, tmp_path / "out", ("qa",), questions=("One?",), max_new_tokens=2), backend, progress=False
+        BatchPlan(films, tmp_path / "out", ("qa",), questions=("One?",), max_new_tokens=2),
+        backend,
+        progress=False,
+        read_film=read_film,
     )
     with pytest.raises(BatchUsageError, match="different questions file"):
-        run_batch(BatchPlan(films, tmp_path / "out", ("qa",), questions=("Two?",)), backend, progress=False)
+        run_batch(
+            BatchPlan(films, tmp_path / "out", ("qa",), questions=("Two?",)),
+            backend,
+            progress=False,
+            read_film=read_film,
+        )
 
 
 def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, random_model_dir):
@@ -133,7 +157,7 @@ def test_the_batching_scheduler_gives_the_answers_of_one_by_one(tmp_path, random
                 max_new_tokens=5,
                 batch_size=3,
             )
-            summary = run_batch(plan, backend, run_requests, progress=False)
+            summary = run_batch(plan, backend, run_requests, progress=False, read_film=read_film)
             assert summary.failed_films == 0 and summary.new_tokens == 3 * 3 * 5
             with Journal.open(plan.output_dir) as journal:
                 results[name] = {(r["file"], r["task"]): r["result"] for r in journal}

@@ -142,8 +142,8 @@ def test_a_dicom_follow_up_reuses_the_conversation_and_no_identifier_reaches_the
     [
         ("https://example.org/film.png", "this server fetches nothing", "remote_image_url_refused"),
         ("http://127.0.0.1:1/film.dcm", "this server fetches nothing", "remote_image_url_refused"),
-        (data_url("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG", "invalid_image"),
-        (data_url("application/dicom", b"\0" * 128 + b"DICM" + b"\x02\x00"), "DICOM", "invalid_image"),
+        (data_url("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG", "not_an_image"),
+        (data_url("application/dicom", b"\0" * 128 + b"DICM" + b"\x02\x00"), "DICOM", "not_an_image"),
         ("data:image/png;base64,@@@not-base64@@@", "base64 payload is damaged", "invalid_image_url"),
         (data_url("image/png", noise_png()), "does not look like a frontal chest X-ray", "not_a_chest_film"),
     ],

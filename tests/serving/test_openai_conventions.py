@@ -100,6 +100,9 @@ def test_a_missing_or_unknown_model_and_unknown_routes_answer_in_openai_shape(se
     assert_openai_error(wrong_method, 405, code="method_not_allowed")
     assert wrong_method.headers["allow"] == "POST"
     assert_openai_error(httpx.get(f"{server.url}/v1/models/%ED%A0%80"), 404, code="model_not_found")
+    # Found by the fuzzing below: a line break in a path matched no API route and reached Gradio's 404.
+    assert_openai_error(httpx.get(f"{server.url}/v1/models/a%0Ab"), 404, code="model_not_found")
+    assert_openai_error(httpx.post(f"{server.url}/v1/chat%0A/completions"), 404, code="unknown_url")
 
 
 # --- parameters: honoured, or refused by name --------------------------------------------------------------------
@@ -206,7 +209,7 @@ def test_film_errors_have_distinct_codes(client, model):
     huge = png_bytes(np.zeros((8000, 6000), dtype=np.uint8))  # 48 million pixels, over MAX_PIXELS, few bytes
     cases = {
         "image_too_large": "data:image/png;base64," + base64.b64encode(huge).decode(),
-        "invalid_image": "data:image/png;base64," + base64.b64encode(b"GIF89a" + b"\0" * 64).decode(),
+        "not_an_image": "data:image/png;base64," + base64.b64encode(b"GIF89a" + b"\0" * 64).decode(),
         "unsupported_image_type": "data:image/gif;base64,R0lGODlh",
     }
     for code, url in cases.items():
@@ -231,7 +234,8 @@ def test_the_whole_conversation_is_checked_before_any_work(client, model):
     ]
     with pytest.raises(openai.BadRequestError) as too_long:
         client.chat.completions.create(model=model, messages=long_turn, max_tokens=2)
-    assert "too long" in too_long.value.body["message"]
+    assert "longer than any answer this server writes" in too_long.value.body["message"]
+    assert too_long.value.body["code"] == "invalid_question"
 
 
 # --- conversations and slots --------------------------------------------------------------------------------------

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 from medgemma_xray.xray_io import Radiograph
-
-if TYPE_CHECKING:
-    from PIL import Image
 
 EXAMPLE_QUESTIONS = (
     "What are the main findings on this chest X-ray?",
@@ -28,13 +24,14 @@ EXAMPLE_QUESTIONS = (
 
 @dataclass(frozen=True)
 class Case:
-    film: Radiograph | None = None
-    model_image: object = None  # PIL image handed to the processor (padded square, RGB)
+    film: Radiograph | None = None  # a small copy of the film (source, warnings, view), never the full pixels
+    model_image: object = None  # PIL image handed to the processor (padded square, RGB, 896 px)
     turns: tuple[ChatTurn, ...] = field(default=())
     # One id per uploaded film: the backend keeps this conversation's KV cache between turns under it.
     conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     details: tuple[str, ...] = field(default=())  # per answer: tokens, latency, speed, confidence (Markdown)
     film_number: int = 0  # films loaded in this session so far: the non-identifying label "film-N" of this one
+    image_key: str | None = None  # the model image's content hash (GenerationRequest.image_key)
 
     @property
     def has_film(self) -> bool:
@@ -45,9 +42,10 @@ class Case:
         """A label that names the film without identifying anyone (file names may hold patient names)."""
         return f"film-{self.film_number}"
 
-    def with_film(self, film: Radiograph, model_image) -> Case:
-        """A new case on another film: a new conversation, the session's film count one up."""
-        return Case(film=film, model_image=model_image, film_number=self.film_number + 1)
+    def with_film(self, film: Radiograph, model_image, image_key: str | None = None) -> Case:
+        """A new case on another film: a new conversation, the session's film count one up. film: what the case
+        keeps of it (web's intake gives a small copy); model_image: the processor's input."""
+        return Case(film=film, model_image=model_image, film_number=self.film_number + 1, image_key=image_key)
 
     def cleared(self) -> Case:
         """No film, no conversation (the session's film count is kept, so labels stay unique)."""
@@ -63,6 +61,7 @@ class Case:
             turns=(*self.turns, ChatTurn("user", question)),
             max_new_tokens=max_new_tokens,
             conversation_id=self.conversation_id,
+            image_key=self.image_key,
         )
 
     def answered(self, question: str, answer: str, details: str = "") -> Case:
@@ -79,45 +78,3 @@ class Case:
                 content = f"{content}\n\n{details}" if details else content
             messages.append({"role": turn.role, "content": content})
         return messages
-
-
-class ClosedConversations:
-    """Conversation ids whose film was replaced or failed to be replaced: a case holding one has no active film.
-
-    The UI clears the screen before every upload, but an API client keeps whatever state it had when an upload
-    fails (Gradio applies no outputs on an error); this set makes the old case refuse questions there too. Bounded:
-    the oldest ids are forgotten first (a case that old has long been replaced). Thread-safe.
-    """
-
-    def __init__(self, capacity: int = 100_000) -> None:
-        import collections
-        import threading
-
-        self._order: collections.deque[str] = collections.deque()
-        self._ids: set[str] = set()
-        self._capacity = capacity
-        self._lock = threading.Lock()
-
-    def close(self, conversation_id: str) -> None:
-        with self._lock:
-            if conversation_id in self._ids:
-                return
-            self._order.append(conversation_id)
-            self._ids.add(conversation_id)
-            while len(self._order) > self._capacity:
-                self._ids.discard(self._order.popleft())
-
-    def __contains__(self, conversation_id: object) -> bool:
-        with self._lock:
-            return conversation_id in self._ids
-
-
-def compact_film(film: Radiograph) -> tuple[Radiograph, Image.Image]:
-    """What a case keeps of a freshly loaded film (issue 19, section 2): a small copy of the film (same source,
-    warnings and view) and the model's input at the processor's size, for Case.with_film. The full-resolution
-    pixels are not kept, so an idle session costs megabytes, not the film's hundreds. The model image is also the
-    preview the user sees."""
-    from medgemma_xray.xray_io.preprocess import case_images
-
-    images = case_images(film)
-    return images.preview, images.model_image

@@ -28,7 +28,10 @@ def film_warnings(film: Radiograph, info: BackendInfo | None, extra: tuple[str, 
     return seen
 
 
-def film_notes_markdown(film: Radiograph, info: BackendInfo | None, extra: tuple[str, ...] = ()) -> str:
-    rows, cols = film.shape
+def film_notes_markdown(
+    film: Radiograph, info: BackendInfo | None, extra: tuple[str, ...] = (), shape: tuple[int, int] | None = None
+) -> str:
+    """shape: the film's own (rows, columns) where `film` is a smaller copy of it."""
+    rows, cols = shape or film.shape
     notes = "\n".join(f"- ⚠️ {warning}" for warning in film_warnings(film, info, extra))
     return f"**Loaded:** {film.source}, {cols}×{rows} px\n\n{notes}".strip()

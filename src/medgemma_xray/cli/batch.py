@@ -8,7 +8,11 @@ qa (every question of --questions on every film), all (those three; qa only with
 (the UI's windowing, de-identified; needs no model).
 Writes results/results.jsonl (one record per film and task, appended as each finishes) and results/results.csv
 (regenerated from it). Run the same command again to resume: finished records are kept, the rest is done.
-Exit status: 0 every record ok; 1 some films failed (see the records); 2 bad use or the backend did not load.
+Films go through the servers' own intake, film check included: an image that is not a frontal chest film (noise,
+a document, a photograph) gets an error record (class NotAChestFilm, code not_a_chest_film), or with FILM_CHECK=warn
+is read and flagged.
+Exit status: 0 every record ok; 1 some films failed or were flagged (see the records); 2 bad use or the backend did
+not load.
 """
 
 from __future__ import annotations
@@ -35,6 +39,45 @@ def read_questions(path: Path) -> tuple[str, ...]:
     if not questions:
         raise ValueError(f"{path}: no questions found (one question per line)")
     return questions
+
+
+def check_questions(questions: tuple[str, ...], max_new_tokens: int) -> None:
+    """Every question under the servers' own rules (web.asking): its size (MAX_PROMPT_TOKENS) and no control or
+    image marker of the model's chat format. Refused before any model loads, naming the question."""
+    from medgemma_xray.assistant.batch.runner import BatchUsageError
+    from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+    from medgemma_xray.serving.settings import Settings
+    from medgemma_xray.web.asking import AskLimits, AskRefused, check_turns
+
+    limits = AskLimits.from_settings(Settings.from_env())
+    for number, question in enumerate(questions, start=1):
+        try:
+            check_turns(GenerationRequest(None, (ChatTurn("user", question),), max_new_tokens=max_new_tokens), limits)
+        except AskRefused as exc:
+            raise BatchUsageError(f"question {number} of --questions: {exc}") from None
+
+
+def film_reader(settings):
+    """Films through the servers' own intake (medgemma_xray.intake): the same limits, preprocessing and film check.
+    An image that is not a frontal chest film is refused (FILM_CHECK=refuse, the default: an error record) or read
+    with a warning and flagged (FILM_CHECK=warn); either way the run exits 1. Nothing is cached: each film is read
+    once."""
+    from medgemma_xray.assistant.batch.tasks import film_details
+    from medgemma_xray.intake import FilmIntake, IntakeConfig
+    from medgemma_xray.xray_io.loader import MAX_UPLOAD_BYTES
+
+    # A film file may be as large as the loader allows (a server's upload limit is smaller, for its network).
+    intake = FilmIntake(IntakeConfig.from_settings(settings, cache_bytes=0, max_bytes=MAX_UPLOAD_BYTES))
+
+    def read(path: Path) -> tuple[dict, object]:
+        film = intake.read_path(path)
+        details = film_details(film.film, shape=film.full_shape, warnings=film.warnings)
+        if film.verdict is not None:
+            details["film_check"] = {"score": round(film.verdict.distance, 1), "threshold": film.verdict.threshold}
+        details["flagged"] = not film.plausible
+        return details, film.model_image
+
+    return read
 
 
 def parse_args(argv: list[str] | None):
@@ -89,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.task == "qa" and not args.questions:
             raise BatchUsageError("--task qa needs --questions FILE (one question per line)")
         questions = read_questions(args.questions) if args.questions else ()
+        check_questions(questions, args.max_new_tokens)
     except (BatchUsageError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -103,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         retry_failed=args.retry_failed,
     )
 
-    backend = None
+    backend, read_film = None, None
     if args.task != "dicom-to-png":
         from medgemma_xray.serving.factory import create_backend
         from medgemma_xray.serving.settings import Settings
 
         try:
             settings = Settings.from_env(model_path=args.model_path, engine_path=args.engine_path, device=args.device)
+            read_film = film_reader(settings)
             backend = create_backend(args.mode, settings)
         except Exception as exc:
             print(f"error: the {args.mode} backend did not load: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -125,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         scheduler = Scheduler(backend, max_active=in_flight, max_waiting=in_flight, name="batch-scheduler")
         run_requests = scheduled_requests(scheduler)
     try:
-        summary = run_batch(plan, backend, run_requests, progress=not args.no_progress)
+        summary = run_batch(plan, backend, run_requests, progress=not args.no_progress, read_film=read_film)
     except (BatchUsageError, FolderBusyError, DamagedOutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -137,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in summary.lines():
         print(line)
     print(f"results: {args.output / 'results.jsonl'} and {args.output / 'results.csv'}")
-    return 1 if summary.failed_films else 0
+    return 1 if summary.failed_films or summary.flagged_films else 0
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from medgemma_xray.engine_bundle.gate import MIN_HELD_OUT_FILMS, held_out_count
+
+if TYPE_CHECKING:
+    from medgemma_xray.intake import FilmIntake
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ class CalibrationSet:
     images: list  # PIL images exactly as the server hands them to the processor (padded square RGB)
     names: list[str]
     sha256: str
-    skipped: list[str]  # "name: why", one per file that could not be read
+    skipped: list[str]  # "name: why", one per file that is not a readable frontal chest film
     synthetic: list[str]  # names of films whose metadata says SYNTHETIC (the project's phantoms)
 
     @property
@@ -63,16 +67,24 @@ def is_synthetic(data: bytes) -> bool:
         return any(SYNTHETIC_MARK in str(value).upper() for value in image.info.values() if isinstance(value, str))
 
 
-def load_calibration_films(folder: Path) -> CalibrationSet:
-    """Every readable film under folder (DICOM or PNG/JPEG, recognised by content), in name order."""
-    from medgemma_xray.xray_io import ImageInputError, load_radiograph
-    from medgemma_xray.xray_io.preprocess import model_input_image
+SIDECAR_SUFFIXES = (".json", ".md", ".txt")  # a case's labels, notes and the folder's README: not films
+
+
+def load_calibration_films(folder: Path, intake: FilmIntake | None = None) -> CalibrationSet:
+    """Every plausible frontal chest film under folder (DICOM or PNG/JPEG, recognised by content), in name order,
+    through the one film intake the servers use (medgemma_xray.intake): the model sees exactly what it would
+    serve, and an image the film check refuses (noise, a document, a photograph, a lateral film) is skipped and
+    named, never counted as a film. Sidecar files (.json labels, .md, .txt) are passed over without a word."""
+    from medgemma_xray.intake import FilmIntake, FilmRefused, IntakeConfig
 
     folder = Path(folder)
     if not folder.is_dir():
         raise CalibrationInputError(f"--calib_images {folder} is not a folder of films")
+    intake = intake or FilmIntake(IntakeConfig(film_check="refuse", cache_bytes=0))
     files = sorted(
-        p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".") and p.suffix not in (".md", ".txt")
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not p.name.startswith(".") and p.suffix.lower() not in SIDECAR_SUFFIXES
     )
     digest = hashlib.sha256()
     images, names, skipped, synthetic = [], [], [], []
@@ -80,13 +92,13 @@ def load_calibration_films(folder: Path) -> CalibrationSet:
         name = path.relative_to(folder).as_posix()
         data = path.read_bytes()
         try:
-            film = load_radiograph(data)
-        except ImageInputError as exc:
+            film = intake.read(data)
+        except FilmRefused as exc:
             skipped.append(f"{name}: {exc}")
             logger.warning("calibration: skipped %s", skipped[-1])
             continue
         digest.update(hashlib.sha256(data).digest())
-        images.append(model_input_image(film))
+        images.append(film.model_image)
         names.append(name)
         if is_synthetic(data):
             synthetic.append(name)

@@ -196,6 +196,11 @@ class InferenceBackend(abc.ABC):
         finally:
             self.finish(generation, cancelled=not generation.done)
 
+    def prompt_length(self, request: GenerationRequest) -> int:
+        """The tokens the request's prompt encodes to (image tokens included, no cache reuse counted): what a door
+        checks against its limits before submitting. Encodes only (no image is read, no model call)."""
+        return len(self._encode_impl(request).ids)
+
     def generate(self, request: GenerationRequest, stats: GenerationStats | None = None) -> str:
         return "".join(self.stream_generate(request, stats))
 

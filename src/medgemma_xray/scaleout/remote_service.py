@@ -129,6 +129,20 @@ class ReplicaSetService:
             raise error from None
         self.metrics.observe_request(self.mode, time.perf_counter() - started, stats.first_token_s, stats.new_tokens)
 
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """serving.surface.InferenceSurface.count_prompt_tokens, by a replica's own tokenizer (the film stays here)."""
+        from dataclasses import replace
+
+        if not self.ready.is_set():
+            raise ServiceUnavailable("The model is not loaded yet; try again in a moment.")
+        try:
+            return int(self._handle.count_prompt_tokens.remote(replace(request, image=None)).result(timeout_s=30))
+        except Exception as exc:
+            error = unwrap_replica_error(exc)
+            if error is exc:  # a timeout or a handle error: no replica answered
+                error = ServiceUnavailable("No model replica answered in time; try again in a moment.")
+            raise error from None
+
     def image_features(self, images):
         raise RequestError("image features are served by each replica, not through the ingress")
 

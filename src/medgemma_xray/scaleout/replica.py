@@ -81,6 +81,10 @@ class ModelReplica:
             },
         }
 
+    def count_prompt_tokens(self, request: GenerationRequest, routing_key: str | None = None) -> int:
+        """The ingress's limit check: this replica's tokenizer counts the prompt (serving.surface)."""
+        return self.service.count_prompt_tokens(request)
+
     def forget(self, conversation_id: str, routing_key: str | None = None) -> None:
         self.service.forget_conversation(conversation_id)
 

@@ -272,6 +272,11 @@ class InferenceService:
         with self._lease() as served:
             return served.backend.image_features(images)
 
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """serving.surface.InferenceSurface.count_prompt_tokens, on the backend serving now."""
+        with self._lease() as served:
+            return served.backend.prompt_length(request)
+
     def forget_conversation(self, conversation_id: str) -> None:
         """Free a conversation's cached KV state on every loaded backend ("new case", a closed session)."""
         with self._state:

@@ -90,6 +90,8 @@ class Settings:
     )
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    questions_per_minute: int = 0  # questions and reports one client (login name, else address) may start a
+    #   minute, at every door (web/asking.py); 0: no throttling
     # --- teaching rounds (issue 23, web/teaching_page.py) ---
     case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
     sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
@@ -109,6 +111,9 @@ class Settings:
     # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
     film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
     film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
+    # --- the film intake (intake/): one decoded-film cache and one bound on decodes, for every door ---
+    film_cache_mb: int = 512  # decoded films kept by content hash (model images; /teaching's full-resolution values)
+    film_decodes: int = 2  # films decoded at once in the whole server; more wait their turn
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -160,6 +165,7 @@ class Settings:
         _in_range("CACHE_MAX_AGE_S", self.cache_max_age_s, 10, 86_400)
         _in_range("MAX_TURNS", self.max_turns, 1, 1000)
         _in_range("MAX_PROMPT_TOKENS", self.max_prompt_tokens, 16, 1_000_000)
+        _in_range("QUESTIONS_PER_MINUTE", self.questions_per_minute, 0, 1_000_000)
         _in_range("SESSION_TTL_S", self.session_ttl_s, 10, 7 * 86_400)
         _in_range("SESSION_CAPACITY", self.session_capacity, 10, 100_000)
         _in_range("HEADER_TIMEOUT_S", self.header_timeout_s, 1, 600)
@@ -173,6 +179,8 @@ class Settings:
             raise SettingsError(f"MEMORY_MAX_MB must be 0 (no limit) or at least 2048, got {self.memory_max_mb}")
         _in_range("LOG_REPEATS_PER_MINUTE", self.log_repeats_per_minute, 1, 1_000_000)
         _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
+        _in_range("FILM_CACHE_MB", self.film_cache_mb, 0, 1 << 20)
+        _in_range("FILM_DECODES", self.film_decodes, 1, 256)
         return self
 
     @property

@@ -41,6 +41,11 @@ class InferenceSurface(Protocol):
         """The answer so far, cumulative, as it streams; `stats` is filled as it goes. Closing the iterator ends the
         answer and frees its decode slot."""
 
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """The tokens the serving model's own tokenizer and chat template make of the request's prompt (its image
+        tokens included, no cache reuse counted), without running the model: what a door checks against the
+        sequence limit before it submits. The request's image is not read."""
+
     def prepare_film(self, image: Image.Image) -> None:
         """Get a film ready for the vision tower on arrival, before anyone asks (a hint: may do nothing)."""
 

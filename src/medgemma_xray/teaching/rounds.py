@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from medgemma_xray.intake import IntakeFilm
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.library import LibraryCase, shuffled
 from medgemma_xray.teaching.session_export import CaseRecord
@@ -24,10 +25,12 @@ class Round:
 
     title: str
     history: str
-    film: Radiograph
-    display: DisplayFilm
+    film: Radiograph  # a small copy of the film (source, warnings, view position), never its full pixels
+    display: DisplayFilm  # the viewer's overview; the full-resolution values stay in the intake's cache
     model_image: object  # the PIL image the model reads
     view: ViewState
+    image_key: str | None = None  # the model image's content hash (GenerationRequest.image_key)
+    warnings: tuple[str, ...] = ()  # the loader's and the film check's, shown in the case's notes
     key: PhantomLabels | None = None
     teaching_points: tuple[str, ...] = ()
     comparison: str = ""
@@ -97,14 +100,30 @@ class LibraryRound(Round):
     case_id: str = ""
 
 
-def library_round(case: LibraryCase, film: Radiograph, display: DisplayFilm, model_image) -> LibraryRound:
+def round_of(title: str, film: IntakeFilm, display: DisplayFilm) -> Round:
+    """A round on an uploaded film (no history, no key until the teacher loads one)."""
+    return Round(
+        title=title,
+        history="",
+        film=film.film,
+        display=display,
+        model_image=film.model_image,
+        view=ViewState.initial(display),
+        image_key=film.image_key,
+        warnings=film.warnings,
+    )
+
+
+def library_round(case: LibraryCase, film: IntakeFilm, display: DisplayFilm) -> LibraryRound:
     return LibraryRound(
         title=case.title,
         history=case.history,
-        film=film,
+        film=film.film,
         display=display,
-        model_image=model_image,
+        model_image=film.model_image,
         view=ViewState.initial(display),
+        image_key=film.image_key,
+        warnings=film.warnings,
         key=case.key,
         teaching_points=case.teaching_points,
         comparison=case.comparison,

@@ -1,28 +1,25 @@
 """The teaching viewer's pixels: the film's own values, window/level, zoom and pan, and the ruler and calliper.
 
 Server-side rendering (the UI sends a view state, this returns the picture): one code path for DICOM, PNG and
-JPEG, the same pixels in the browser test as on screen, no JavaScript build. It works on a copy of the film
-decoded once per case and costs one resample and one lookup per view (benchmarks/results/teaching_viewer.md).
-
-Values are "display-ordered": higher is more attenuating (white), as a radiologist reads a film.
-- DICOM: the stored values through the Modality LUT (rescale), flipped for MONOCHROME1; the file's own window
-  (first Window Center/Width) is the default; without one, the full range.
-- PNG/JPEG: the 8 or 16 bits given; the default window spans the bit depth in use.
+JPEG, the same pixels in the browser test as on screen, no JavaScript build. The values come from the film
+intake's one decode (medgemma_xray.intake, xray_io.values: display-ordered, higher is more attenuating); a session
+keeps a small overview of them, and a zoomed view reads the full-resolution values from the intake's shared cache.
+Each view costs one resample and one lookup (benchmarks/results/teaching_viewer.md).
 Presets (lung, mediastinum, bone) are fractions of the default window: a plain film has no Hounsfield scale, so
 "lung" spreads the dark end, "bone" the bright end, on every film alike.
 """
 
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from medgemma_xray.xray_io import Radiograph, load_radiograph
+from medgemma_xray.xray_io.values import FilmValues
 
 VIEW_MAX_PX = 720  # the longer side of the rendered view
+OVERVIEW_MAX_PX = 1080  # what a session keeps: 1.5 times the view, so a whole-film view is still sharp
 MAX_ZOOM = 8.0
 # (centre, width) as fractions of the default window [low, high]
 PRESETS: dict[str, tuple[float, float]] = {
@@ -36,39 +33,39 @@ CTR_POINTS = ("heart: right border", "heart: left border", "thorax: right inner 
 
 @dataclass(frozen=True)
 class DisplayFilm:
-    """A film's display-ordered values (float32, rows x cols) and what the viewer needs to know about them."""
+    """What a session keeps of a film for the viewer: its display-ordered values at most OVERVIEW_MAX_PX on the
+    longer side (a whole-film view resamples these), and what the viewer must know about the film. The film's
+    full-resolution values are not here: they stay once in the intake's shared cache, under `key`, and a zoomed
+    view reads them from there (render_view's `full`). A 6000 x 6000 film costs a session 4.7 MB, not 144.
 
-    values: np.ndarray
+    shape: the film's own (rows, columns): views, clicks and measurements are in its pixels.
+    """
+
+    overview: np.ndarray  # float32, the film resized to at most OVERVIEW_MAX_PX on its longer side
+    shape: tuple[int, int]
+    value_range: tuple[float, float]  # the lowest and highest value present
     default_window: tuple[float, float]  # (centre, width)
     pixel_spacing_mm: tuple[float, float] | None  # (between rows, between columns); None: uncalibrated
     bits: int
     source: str
-    dicom_identity: dict = field(default_factory=dict)  # the source's patient/study attributes (for the SR only)
-    overview: np.ndarray | None = None  # values box-averaged by overview_factor: wide views resample this
-    overview_factor: int = 1
-
-    def with_overview(self, view_max: int = VIEW_MAX_PX) -> DisplayFilm:
-        """Precompute a box-averaged copy at 1.5 to 2 times the view size, so a whole-film view resamples a few
-        hundred thousand values rather than the full film (4-5 Mpx for a real chest film)."""
-        factor = round(max(self.shape) / (1.5 * view_max))
-        if factor < 2:
-            return self
-        from PIL import Image
-
-        reduced = np.asarray(Image.fromarray(self.values, mode="F").reduce(factor), dtype=np.float32)
-        return replace(self, overview=reduced, overview_factor=factor)
+    dicom_identity: dict[str, str] = field(default_factory=dict)  # the source's patient/study (the SR only)
+    key: str = ""  # the film's content key in the intake (medgemma_xray.intake.FilmIntake.values)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        rows, columns = self.values.shape
-        return rows, columns
+    def scale(self) -> float:
+        """Overview pixels per film pixel (1 when the film is no larger than the overview)."""
+        return self.overview.shape[0] / self.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.overview.nbytes)
 
     @property
     def window_limits(self) -> tuple[float, float]:
         """The range the width slider may span: the values present, widened to include the default window."""
         centre, width = self.default_window
-        low = min(float(self.values.min()), centre - width / 2)
-        high = max(float(self.values.max()), centre + width / 2)
+        low = min(self.value_range[0], centre - width / 2)
+        high = max(self.value_range[1], centre + width / 2)
         return low, high
 
     def preset(self, name: str) -> tuple[float, float]:
@@ -82,84 +79,29 @@ class DisplayFilm:
         return low + fraction_centre * width, fraction_width * width
 
 
-IDENTITY_KEYWORDS = (
-    "PatientName",
-    "PatientID",
-    "PatientBirthDate",
-    "PatientSex",
-    "AccessionNumber",
-    "StudyID",
-    "StudyDate",
-    "StudyTime",
-    "StudyInstanceUID",
-    "SeriesInstanceUID",
-    "SOPInstanceUID",
-    "SOPClassUID",
-    "ReferringPhysicianName",
-)
+def display_film(values: FilmValues, source: str, key: str = "", overview_max: int = OVERVIEW_MAX_PX) -> DisplayFilm:
+    """The viewer's film from the values the intake kept (xray_io.values): a box-filtered overview and the facts."""
+    from PIL import Image
 
-
-def read_display_film(data: bytes, *, max_pixels: int, max_bytes: int) -> tuple[Radiograph, DisplayFilm]:
-    """The model's film (xray_io's checks and 8-bit film) and the viewer's raw-valued film of the same bytes.
-
-    Raises xray_io's ImageInputError subclasses for a file the loader refuses."""
-    film = load_radiograph(data, max_pixels=max_pixels, max_bytes=max_bytes)
-    from medgemma_xray.xray_io.loader import is_dicom, is_dicom_without_preamble
-
-    if is_dicom(data) or is_dicom_without_preamble(data):
-        return film, _dicom_display(data, film).with_overview()
-    return film, _raster_display(data, film).with_overview()
-
-
-def _dicom_display(data: bytes, film: Radiograph) -> DisplayFilm:
-    import pydicom
-    from pydicom.pixels import apply_modality_lut, pixel_array
-
-    dataset = pydicom.dcmread(io.BytesIO(data), force=True)
-    stored = pixel_array(dataset)
-    values = np.asarray(apply_modality_lut(stored, dataset), dtype=np.float32)
-    low, high = float(values.min()), float(values.max())
-    window = _first_window(dataset)
-    if window is None or window[1] < 1:
-        window = ((low + high) / 2, max(high - low, 1.0))
-    if str(dataset.get("PhotometricInterpretation", "")).strip() == "MONOCHROME1":
-        values = (low + high) - values  # bright = attenuating, as on the model's film
-        window = ((low + high) - window[0], window[1])
-    spacing = None
-    raw_spacing = dataset.get("PixelSpacing") or dataset.get("ImagerPixelSpacing")
-    try:
-        if raw_spacing is not None and len(raw_spacing) == 2 and all(float(v) > 0 for v in raw_spacing):
-            spacing = (float(raw_spacing[0]), float(raw_spacing[1]))
-    except (TypeError, ValueError):
-        spacing = None
-    identity = {k: str(dataset.get(k)) for k in IDENTITY_KEYWORDS if str(dataset.get(k, "") or "").strip()}
-    return DisplayFilm(values, window, spacing, int(dataset.get("BitsStored", 16)), film.source, identity)
-
-
-def _first_window(dataset) -> tuple[float, float] | None:
-    centre, width = dataset.get("WindowCenter"), dataset.get("WindowWidth")
-    if centre is None or width is None:
-        return None
-    try:
-        centre = centre[0] if isinstance(centre, (list, tuple)) or hasattr(centre, "__getitem__") else centre
-        width = width[0] if isinstance(width, (list, tuple)) or hasattr(width, "__getitem__") else width
-        centre, width = float(centre), float(width)
-    except (TypeError, ValueError, IndexError):
-        return None
-    return (centre, width) if math.isfinite(centre) and math.isfinite(width) else None
-
-
-def _raster_display(data: bytes, film: Radiograph) -> DisplayFilm:
-    from PIL import Image, ImageOps
-
-    with Image.open(io.BytesIO(data)) as image:
-        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-            raw = np.asarray(ImageOps.exif_transpose(image), dtype=np.float32)
-            if raw.shape == film.shape:
-                bits = 16
-                return DisplayFilm(raw, (2**bits / 2, float(2**bits)), None, bits, film.source)
-    values = film.pixels.astype(np.float32)  # 8 bits as given (grayscale conversion and orientation applied)
-    return DisplayFilm(values, (128.0, 256.0), None, 8, film.source)
+    rows, cols = values.shape
+    scale = min(1.0, overview_max / max(rows, cols))
+    if scale < 1.0:
+        size = (max(1, round(cols * scale)), max(1, round(rows * scale)))
+        picture = Image.fromarray(values.values, mode="F").resize(size, Image.Resampling.BOX)
+        overview = np.asarray(picture, dtype=np.float32)
+    else:
+        overview = values.values.copy()  # the session's own: the cache's array is shared and may be evicted
+    return DisplayFilm(
+        overview=overview,
+        shape=(rows, cols),
+        value_range=(float(values.values.min()), float(values.values.max())),
+        default_window=values.default_window,
+        pixel_spacing_mm=values.pixel_spacing_mm,
+        bits=values.bits,
+        source=source,
+        dicom_identity=dict(values.identity),
+        key=key,
+    )
 
 
 # --- the view ------------------------------------------------------------------------------------------------
@@ -235,16 +177,25 @@ def windowed(values: np.ndarray, centre: float, width: float, invert: bool = Fal
     return 255 - out if invert else out
 
 
-def render_view(film: DisplayFilm, state: ViewState, view_max: int = VIEW_MAX_PX) -> tuple[np.ndarray, Crop]:
+def needs_full(film: DisplayFilm, state: ViewState, view_max: int = VIEW_MAX_PX) -> bool:
+    """Whether this view is zoomed in past the overview's detail, so render_view wants the full-resolution values."""
+    crop = view_crop(film.shape, state, view_max)
+    return film.scale < 1.0 and crop.width / crop.out_cols < 1.0 / film.scale
+
+
+def render_view(
+    film: DisplayFilm, state: ViewState, view_max: int = VIEW_MAX_PX, full: np.ndarray | None = None
+) -> tuple[np.ndarray, Crop]:
     """The view as a uint8 array, grayscale (rows, cols), or RGB (rows, cols, 3) when the current tool has marks to
-    draw, and the crop it shows."""
+    draw, and the crop it shows. full: the film's full-resolution values, used where the view is zoomed in past the
+    overview's detail (without them such a view is resampled from the overview: correct, less sharp)."""
     from PIL import Image, ImageDraw
 
     crop = view_crop(film.shape, state, view_max)
-    source, factor = film.values, 1
-    if film.overview is not None and crop.width / crop.out_cols >= film.overview_factor:
-        source, factor = film.overview, film.overview_factor
-    box = (crop.left / factor, crop.top / factor, (crop.left + crop.width) / factor, (crop.top + crop.height) / factor)
+    source, scale = film.overview, film.scale
+    if full is not None and full.shape == film.shape and needs_full(film, state, view_max):
+        source, scale = full, 1.0
+    box = (crop.left * scale, crop.top * scale, (crop.left + crop.width) * scale, (crop.top + crop.height) * scale)
     resampled = Image.fromarray(source, mode="F").resize(
         (crop.out_cols, crop.out_rows), Image.Resampling.BILINEAR, box=box
     )

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 def build_ui(service: InferenceSurface, uploads: UploadInbox | None = None):
     """Both pages, queued. uploads: the inbox that reads (and deletes) each upload once; default: Gradio's own
     upload folder (tests that build the UI without a server)."""
+    from medgemma_xray.intake import FilmIntake
+    from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.main_page import build_main_page
     from medgemma_xray.web.teaching_page import add_teaching_page
     from medgemma_xray.web.upload_cache import UploadInbox
@@ -24,8 +26,10 @@ def build_ui(service: InferenceSurface, uploads: UploadInbox | None = None):
         from gradio.utils import get_upload_folder
 
         uploads = UploadInbox(get_upload_folder())
-    demo = build_main_page(service, uploads)
-    add_teaching_page(demo, service, uploads)
+    intake = FilmIntake.for_settings(service.settings)  # the one intake and the one Asking the API shares too
+    asking = Asking.for_service(service)
+    demo = build_main_page(service, uploads, intake, asking)
+    add_teaching_page(demo, service, uploads, intake, asking)
     demo.queue(max_size=service.settings.queue_size, default_concurrency_limit=4)
     return demo
 

@@ -1,24 +1,33 @@
 """The main page (/): upload a film, ask about it over several turns, write a structured report.
 
-Layout and thin handlers only: the model lives behind serving.surface.InferenceSurface, image input in xray_io.
-web.app puts this page and the teaching page together; web.http_server serves them.
+Layout in build_main_page; each handler is a module-level function declared with the events that run it
+(web.page_wiring). The model lives behind serving.surface.InferenceSurface, films come through web's one intake
+(medgemma_xray.intake), questions through web.asking.
+
+An answer belongs to the case it started on. The session's State holds one SessionSlot (web.page_session): ×, a
+new upload, New case, the chat's clear and a closed tab end the running answer or report (its decode slot is freed),
+and a stream writes into the session only while it still holds the case the stream started on.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
 import uuid
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
-from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS, Case, ClosedConversations, compact_film
+from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS, Case
 from medgemma_xray.assistant.film_notes import film_notes_markdown
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
-from medgemma_xray.web.limits import RequestLimits
-from medgemma_xray.xray_io import ImageInputError, load_radiograph
+from medgemma_xray.web.page_errors import refused, shown
+from medgemma_xray.web.page_session import SessionSlot
+from medgemma_xray.web.page_wiring import PageEvents
 
 if TYPE_CHECKING:
+    from medgemma_xray.intake import FilmIntake
+    from medgemma_xray.serving.settings import Settings
     from medgemma_xray.serving.surface import InferenceSurface
+    from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.upload_cache import UploadInbox
 
 logger = logging.getLogger("app")  # the operator-facing name the log has always used
@@ -29,14 +38,20 @@ DISCLAIMER = (
 )
 PREVIEW_SIZE = 896  # the processor's input size: the preview is exactly what the model sees
 PREVIEW_ALT = "The uploaded chest film as the model sees it: grey-scale, padded to a square"
-# Styles the theme lacks: the Ask button's text at >= 4.5:1 contrast (the theme's orange gives 2.8:1), and no
-# download link on the upload's chip (the upload is deleted once read, so that link could only answer 403).
+ANSWER_STOPPED = "*Stopped. Ask again or ask another question.*"
+REPORT_STOPPED = "*Stopped before the report was complete. Press Structured report to write it again.*"
+NO_FILM = "Upload a chest X-ray first, then ask about it."
+# Styles the theme lacks: Ask, Reveal and Stop with text at >= 4.5:1 contrast (the theme's orange gives 2.8:1, its
+# red 3.8:1), and no download link on an upload's chip (the upload is deleted once read: it could only answer 403).
+# Both pages share these (the teaching page is a route of the same Blocks).
 PAGE_CSS = """
-#ask, #ask:hover { background: #9a3412; border-color: #9a3412; color: #ffffff; }
+#ask, #ask:hover, #teach-ask, #teach-ask:hover, #teach-reveal, #teach-reveal:hover
+  { background: #9a3412; border-color: #9a3412; color: #ffffff; }
+#stop, #stop:hover, #teach-stop, #teach-stop:hover { background: #b91c1c; border-color: #b91c1c; color: #ffffff; }
 #case-tabs button[role="tab"][aria-selected="true"] { color: #9a3412; }
 footer .show-api, footer .built-with, footer .settings { color: #4b5563; }
 a[data-sveltekit-reload] { color: #374151 !important; }  /* the page links (main, /teaching) Gradio draws on top */
-#film-upload td.download { display: none; }
+#film-upload td.download, #teach-upload td.download, #teach-key td.download { display: none; }
 .answer-details summary { cursor: pointer; }
 """
 # After an answer has streamed, bring its first line into view (on a phone the chat box starts below the fold).
@@ -48,6 +63,22 @@ SHOW_LAST_ANSWER_JS = """
 }
 """
 SHOW_REPORT_JS = "() => { document.querySelector('#report-box')?.scrollIntoView({block: 'start'}); }"
+EVENTS = PageEvents()
+HIDDEN: dict[str, Any] = {"value": None, "visible": False}
+
+
+@dataclass
+class MainPage:
+    """What the handlers use: made once per server by build_main_page."""
+
+    service: InferenceSurface
+    intake: FilmIntake
+    asking: Asking
+    uploads: UploadInbox
+
+    @property
+    def settings(self) -> Settings:
+        return self.service.settings
 
 
 def badge_markdown(service: InferenceSurface) -> str:
@@ -69,11 +100,230 @@ def badge_markdown(service: InferenceSurface) -> str:
     return text
 
 
-def build_main_page(service: InferenceSurface, uploads: UploadInbox):
-    """The main page's Blocks. uploads: the web.upload_cache.UploadInbox that reads (and deletes) each upload once."""
+def _session(values: dict) -> SessionSlot[Case]:
+    state = values["session"]
+    if isinstance(state, SessionSlot) and isinstance(state.value, Case):
+        return state
+    return SessionSlot(Case())  # a client that sent a value of its own for the State: a session of its own
+
+
+def _active(case: Case) -> bool:
+    return case.has_film
+
+
+def _hidden():
     import gradio as gr
 
-    from medgemma_xray.assistant.answer_details import answer_details_markdown, answer_metadata
+    return gr.update(**HIDDEN)
+
+
+def _end_case(page: MainPage, session: SessionSlot[Case], case: Case) -> None:
+    """The case leaves the screen: its running answer or report stops (and writes nothing more), its KV is freed,
+    and its report files go."""
+    from medgemma_xray.assistant.report_export import remove_report_files
+
+    page.asking.end_conversation(case.conversation_id)
+    page.service.forget_conversation(case.conversation_id)
+    remove_report_files(session.exports)
+    session.exports = None
+
+
+def _cleared_screen() -> dict[str, Any]:
+    return {
+        "preview": None,
+        "notes": "",
+        "chat": [],
+        "report_box": "",
+        "report_json": _hidden(),
+        "report_md": _hidden(),
+    }
+
+
+# --- the film -------------------------------------------------------------------------------------------------------
+CLEARED = ["preview", "notes", "chat", "report_box", "report_json", "report_md", "session"]
+
+
+@EVENTS.on(["upload.upload"], inputs=["session"], outputs=CLEARED, queue=False)
+def clear_before_upload(page: MainPage, values: dict) -> dict:
+    """The screen and the model's state are cleared first, so a failed upload leaves no film active."""
+    return clear_case(page, values)
+
+
+@EVENTS.on(["upload.clear"], inputs=["session"], outputs=CLEARED, api_name="clear_film")
+def clear_case(page: MainPage, values: dict) -> dict:
+    """Clearing the upload clears the case: film, conversation, its cached KV, the last report."""
+    session = _session(values)
+    old = session.value
+    _end_case(page, session, old)
+    session.set(old.cleared())
+    return {**_cleared_screen(), "session": session}
+
+
+@EVENTS.on(
+    ["clear_before_upload.then"],
+    inputs=["upload", "session"],
+    outputs=["preview", "notes", "chat", "report_box", "session"],
+    api_name="upload_film",
+)
+def load_film(page: MainPage, values: dict) -> dict:
+    session = _session(values)
+    old = session.value
+    _end_case(page, session, old)  # an API client's upload_film replaces the case without the clear step
+    session.set(old.cleared())  # the old film is gone whether or not the new one loads
+    file_path = values["upload"]
+    if not file_path:
+        raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.", logger)
+    try:
+        data = page.uploads.take(file_path)  # the upload is deleted from disk here, before decoding
+        film = page.intake.read(data)
+    except Exception as exc:
+        raise shown(exc, logger) from exc
+    session.set(old.cleared().with_film(film.film, film.model_image, film.image_key))
+    preview = film.model_image.copy()  # already PREVIEW_SIZE square: the model's own input
+    # Gradio caches images under a hash of their bytes and rewrites that file on every save, so two users
+    # uploading the same film (common on teaching rounds) could be served a half-written preview. A unique PNG
+    # text chunk gives each upload its own cache file.
+    preview.info["upload"] = uuid.uuid4().hex
+    # Warnings appear once, in the notes (not also as toasts, which stacked on repeated uploads).
+    notes = film_notes_markdown(film.film, page.service.info(), film.warnings, shape=film.full_shape)
+    page.service.prepare_film(film.model_image)  # the vision tower's input made now, not in the first question
+    return {"preview": preview, "notes": notes, "chat": [], "report_box": "", "session": session}
+
+
+# --- questions -----------------------------------------------------------------------------------------------------
+def _question_request(page: MainPage, case: Case, question: str):
+    from medgemma_xray.web.asking import AskRefused
+
+    if not _active(case):
+        raise refused(NO_FILM, logger)
+    if not question:
+        raise refused("Type a question (or pick an example) before asking.", logger)
+    request = case.ask(question, page.settings.max_new_tokens)
+    try:
+        page.asking.check(request)
+    except AskRefused as exc:
+        raise shown(exc, logger) from exc
+    return request
+
+
+@EVENTS.on(
+    ["ask_button.click", "question.submit"], inputs=["question", "session"], outputs=["asked"], concurrency_limit=None
+)
+def take_question(page: MainPage, values: dict) -> dict:
+    """Checked before it waits for a decode slot (its own queue step, never limited, so a refusal comes at once and
+    shows as the queue's error toast): no film, no question, a rule broken, or an answer still running in this
+    conversation is refused with a message, and the Question box keeps the text."""
+    from medgemma_xray.web.asking import WAIT_MESSAGE
+
+    question = (values["question"] or "").strip()
+    case = _session(values).value
+    _question_request(page, case, question)
+    if page.asking.is_answering(case.conversation_id):
+        raise refused(WAIT_MESSAGE, logger)
+    return {"asked": question}
+
+
+@EVENTS.on(["take_question.success"], outputs=["question", "case_tabs"], queue=False)
+def clear_question(page: MainPage, values: dict) -> dict:
+    """The Question box is cleared once, when the question is taken; what is typed while it is answered stays."""
+    import gradio as gr
+
+    return {"question": "", "case_tabs": gr.Tabs(selected="conversation")}
+
+
+@EVENTS.on(
+    ["clear_question.success"],
+    inputs=["asked", "session"],
+    outputs=["chat", "asked", "session"],  # "asked" keeps the API's (chat, question) pair of outputs
+    request=True,
+    api_name="ask",
+    concurrency_id="generation",
+)
+def answer(page: MainPage, values: dict, request) -> Any:
+    from medgemma_xray.assistant.answer_details import answer_details_markdown
+    from medgemma_xray.inference_api.types import GenerationStats
+
+    session = _session(values)
+    case = session.value
+    question = (values["asked"] or "").strip()
+    generation = _question_request(page, case, question)
+    try:
+        page.asking.admit(_client_of(request))
+        ticket = page.asking.claim(case.conversation_id)
+    except Exception as exc:
+        raise shown(exc, logger) from exc
+    session.answer_token = ticket.stop_token
+    history = case.chat_messages() + [{"role": "user", "content": question}]
+    text, stats = "", GenerationStats()
+    try:
+        yield {"chat": history + [{"role": "assistant", "content": ""}]}  # the question shows at once
+        for text in page.asking.stream(generation, ticket, stats):
+            if ticket.superseded:
+                return
+            yield {"chat": history + [{"role": "assistant", "content": text}]}
+        if ticket.superseded:  # the film, case or conversation changed: this answer writes nothing more
+            return
+        details = answer_details_markdown(stats)
+        if ticket.stopped.is_set():
+            details = f"{ANSWER_STOPPED}\n\n{details}" if stats.new_tokens else ANSWER_STOPPED
+        updated = case.answered(question, text, details)
+        if session.replace_if(case, updated):
+            yield {"chat": updated.chat_messages(), "asked": "", "session": session}
+    except Exception as exc:
+        raise shown(exc, logger) from exc
+    finally:
+        page.asking.release(ticket)
+        if session.answer_token == ticket.stop_token:
+            session.answer_token = None
+
+
+EVENTS.js("show_last_answer", ["answer.then"], SHOW_LAST_ANSWER_JS)
+
+
+@EVENTS.on(["stop_button.click"], inputs=["session"], queue=False, api_name="stop")
+def stop(page: MainPage, values: dict) -> dict:
+    """Stop: this session's running answer or report ends at its next piece of text, keeping what it said."""
+    page.asking.stop(_session(values).answer_token)
+    return {}
+
+
+@EVENTS.on(["chat.clear"], inputs=["session"], outputs=["session"], api_name="clear_chat")
+def new_conversation(page: MainPage, values: dict) -> dict:
+    """The chat's clear (trash) icon: the same film, a fresh conversation; the old one's answer stops and its KV
+    is freed."""
+    session = _session(values)
+    case = session.value
+    page.asking.end_conversation(case.conversation_id)
+    page.service.forget_conversation(case.conversation_id)
+    session.replace_if(case, case.new_conversation())
+    return {"session": session}
+
+
+# --- the report ----------------------------------------------------------------------------------------------------
+EVENTS.js("show_report_tab", ["report_button.click"], SHOW_REPORT_JS, queue=False)
+
+
+@EVENTS.on(["show_report_tab.then"], outputs=["case_tabs"], queue=False)
+def select_report_tab(page: MainPage, values: dict) -> dict:
+    import gradio as gr
+
+    return {"case_tabs": gr.Tabs(selected="report-tab")}
+
+
+@EVENTS.on(
+    ["select_report_tab.then"],
+    inputs=["session"],
+    outputs=["report_box", "report_json", "report_md", "session"],
+    request=True,
+    api_name="report",
+    concurrency_id="generation",
+)
+def report(page: MainPage, values: dict, request) -> Any:
+    """Stream the model's report text, then show it parsed into the schema with confidence, and offer both
+    exports, named by date, report id and the film's label."""
+    import gradio as gr
+
+    from medgemma_xray.assistant.answer_details import answer_metadata
     from medgemma_xray.assistant.report import parse_report, report_request
     from medgemma_xray.assistant.report_export import (
         export_stem,
@@ -81,173 +331,134 @@ def build_main_page(service: InferenceSurface, uploads: UploadInbox):
         report_markdown,
         write_report_files,
     )
-    from medgemma_xray.film_check import NotAChestFilmError, check_film, load_reference
-    from medgemma_xray.film_check.check import REFERENCE_PATH
-    from medgemma_xray.inference_api.errors import RequestError
     from medgemma_xray.inference_api.types import GenerationStats
-    from medgemma_xray.serving.service import ServiceUnavailable
-    from medgemma_xray.web.answer_lock import AnswerLocks
-    from medgemma_xray.web.upload_cache import NotAnUploadError, UploadGoneError
 
-    settings = service.settings
-    closed = ClosedConversations()  # cases whose film was replaced, even where the replacement failed
-    film_reference = (
-        None if settings.film_check == "off" else load_reference(settings.film_check_reference or REFERENCE_PATH)
-    )
-    max_tokens = settings.max_new_tokens
-    limits = RequestLimits.from_settings(settings)
-    answering = AnswerLocks()
-
-    # Logs get the error's class only, never its message or a traceback: messages about a file are shown to its
-    # uploader, and file names (which may hold patient names) appear in exception texts.
-    def user_error(exc: Exception) -> gr.Error:
-        logger.warning("user error: %s", type(exc).__name__)
-        return gr.Error(str(exc), duration=None, print_exception=False)
-
-    def refused(message: str) -> gr.Error:  # a fixed text of ours: the kind is logged, not the message
-        logger.warning("user error: incomplete request")
-        return gr.Error(message, print_exception=False)
-
-    def internal_error(exc: Exception) -> gr.Error:
-        incident = uuid.uuid4().hex[:8]
-        frames = "".join(traceback.format_tb(exc.__traceback__))  # where it failed, without the message
-        logger.error("internal error %s: %s\n%s", incident, type(exc).__name__, frames.rstrip())
-        return gr.Error(
-            f"Internal error (incident {incident}); the server is still running. Try again; if it happens again, "
-            "give the incident number to the operator.",
-            print_exception=False,
-        )
-
-    def clear_case(case: Case, exports):
-        """Empty the screen and the model's state before anything else: a failed upload must leave no film active,
-        and clearing the upload clears the case (film, conversation, its cached KV, the last report)."""
-        if isinstance(case, Case):
-            service.forget_conversation(case.conversation_id)
-        remove_report_files(exports)
-        hidden = gr.update(value=None, visible=False)
-        cleared = case.cleared() if isinstance(case, Case) else Case()
-        return None, "", [], "", cleared, hidden, hidden, None
-
-    def active(case: Case) -> bool:
-        return isinstance(case, Case) and case.has_film and case.conversation_id not in closed
-
-    def load_film(file_path: str | None, case: Case):
-        if isinstance(case, Case):
-            closed.close(case.conversation_id)  # the old film is gone whether or not the new one loads
-            service.forget_conversation(case.conversation_id)  # a new film starts a new conversation
-        if not file_path:
-            raise refused("No file received. Drop a chest X-ray (DICOM, PNG or JPEG) onto the upload box.")
-        extra_warnings: tuple[str, ...] = ()
-        try:
-            data = uploads.take(file_path)  # the upload is deleted from disk here, before decoding
-            film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
-            kept_film, image = compact_film(film)  # the 896-px model input and a small copy, not the film
-            if film_reference is not None:
-                verdict = check_film(film.pixels, film_reference)
-                if not verdict.plausible and settings.film_check == "refuse":
-                    raise NotAChestFilmError(verdict.refusal())
-                if not verdict.plausible:
-                    extra_warnings = (verdict.warning(),)
-        except (ImageInputError, NotAnUploadError, UploadGoneError) as exc:
-            raise user_error(exc) from exc
-        except Exception as exc:
-            raise internal_error(exc) from exc
-        preview = image.copy()  # already PREVIEW_SIZE square: the model's own input
-        # Gradio caches images under a hash of their bytes and rewrites that file on every save, so two users
-        # uploading the same film (common on teaching rounds) could be served a half-written preview. A unique
-        # PNG text chunk gives each upload its own cache file.
-        preview.info["upload"] = uuid.uuid4().hex
-        # Warnings appear once, in the notes (not also as toasts, which stacked on repeated uploads).
-        notes = film_notes_markdown(film, service.info(), extra_warnings)
-        loaded = (case if isinstance(case, Case) else Case()).with_film(kept_film, image)
-        service.prepare_film(image)  # the vision tower's input made now, not inside the first question's wait
-        return preview, notes, [], "", loaded
-
-    def ask(question: str, case: Case):
-        question = (question or "").strip()
-        if not active(case):
-            raise refused("Upload a chest X-ray first, then ask about it.")
-        if not question:
-            raise refused("Type a question (or pick an example) before asking.")
-        history = case.chat_messages() + [{"role": "user", "content": question}]
-        answer, stats = "", GenerationStats()
-        try:
-            limits.check_question(len(case.turns) // 2, question)
-            with answering.hold(case.conversation_id):  # a second question while one streams: "wait"
-                for answer in service.stream_answer(case.ask(question, max_tokens), stats):
-                    yield history + [{"role": "assistant", "content": answer}], "", case
-        except (RequestError, ServiceUnavailable) as exc:
-            raise user_error(exc) from exc
-        except Exception as exc:
-            raise internal_error(exc) from exc
-        updated = case.answered(question, answer, answer_details_markdown(stats))
-        yield updated.chat_messages(), "", updated
-
-    def report(case: Case, exports):
-        """Stream the model's report text, then show it parsed into the schema with confidence, and offer both
-        exports. Yields (report box, JSON download, Markdown download, export state)."""
-        if not active(case):
-            raise refused("Upload a chest X-ray first, then ask for a report.")
-        remove_report_files(exports)
-        hidden = gr.update(value=None, visible=False)
-        text, stats = "", GenerationStats()
-        try:
-            with answering.hold(case.conversation_id):
-                for text in service.stream_answer(report_request(case.model_image, max_tokens), stats):
-                    yield text, hidden, hidden, None
-        except (RequestError, ServiceUnavailable) as exc:
-            raise user_error(exc) from exc
-        except Exception as exc:
-            raise internal_error(exc) from exc
+    session = _session(values)
+    case = session.value
+    if not _active(case):
+        raise refused("Upload a chest X-ray first, then ask for a report.", logger)
+    try:
+        page.asking.admit(_client_of(request))
+        ticket = page.asking.claim(case.conversation_id)
+    except Exception as exc:
+        raise shown(exc, logger) from exc
+    session.answer_token = ticket.stop_token
+    remove_report_files(session.exports)
+    session.exports = None
+    generation = replace(report_request(case.model_image, page.settings.max_new_tokens), image_key=case.image_key)
+    text, stats = "", GenerationStats()
+    try:
+        yield {"report_box": "*Writing the report…*", "report_json": _hidden(), "report_md": _hidden()}
+        for text in page.asking.stream(generation, ticket, stats):
+            if ticket.superseded:
+                return
+            yield {"report_box": text}
+        if ticket.superseded:
+            return
+        if ticket.stopped.is_set():
+            yield {"report_box": f"{text}\n\n{REPORT_STOPPED}"}
+            return
         parsed = parse_report(text, stats)
         report_id = uuid.uuid4().hex[:4]
-        info = service.info()
+        info = page.service.info()
         metadata = {
             "report_id": report_id,
             "film": case.film_label,
             "model": info.model_id if info else None,
             "executor": info.executor if info else None,
-            "source": case.film.source if case.film is not None else "",  # (active(case) above: it has one)
+            "source": case.film.source if case.film is not None else "",
             **answer_metadata(stats),
         }
-        stem = export_stem(report_id, case.film_label)
-        files = write_report_files(parsed, base_dir=uploads.folder, metadata=metadata, stem=stem)
-        yield (
-            report_markdown(parsed, metadata),
-            gr.update(value=str(files.json_path), visible=True),
-            gr.update(value=str(files.markdown_path), visible=True),
-            files,
+        files = write_report_files(
+            parsed, base_dir=page.uploads.folder, metadata=metadata, stem=export_stem(report_id, case.film_label)
         )
+        if session.value is not case:  # the case changed while the files were written: they are not its report
+            remove_report_files(files)
+            return
+        session.exports = files
+        yield {
+            "report_box": report_markdown(parsed, metadata),
+            "report_json": gr.update(value=str(files.json_path), visible=True),
+            "report_md": gr.update(value=str(files.markdown_path), visible=True),
+            "session": session,
+        }
+    except Exception as exc:
+        raise shown(exc, logger) from exc
+    finally:
+        page.asking.release(ticket)
+        if session.answer_token == ticket.stop_token:
+            session.answer_token = None
 
-    def new_case(case: Case, exports):
-        preview, notes, chat, report_text, cleared, json_button, markdown_button, files = clear_case(case, exports)
-        return None, preview, notes, chat, "", report_text, cleared, json_button, markdown_button, files
 
-    def new_conversation(case: Case):
-        """The chat's clear (trash) icon: the same film, a fresh conversation; the old one's KV is freed."""
-        if not isinstance(case, Case):
-            return Case()
-        service.forget_conversation(case.conversation_id)
-        return case.new_conversation()
+# --- the case as a whole -----------------------------------------------------------------------------------------
+@EVENTS.on(["new_case_button.click"], inputs=["session"], outputs=["upload", "question", *CLEARED],
+           api_name="new_case")  # fmt: skip
+def new_case(page: MainPage, values: dict) -> dict:
+    return {**clear_case(page, values), "upload": None, "question": ""}
 
-    def session_ended(case: Case) -> None:
-        if isinstance(case, Case):
-            service.forget_conversation(case.conversation_id)
 
+@EVENTS.on(["examples.click"], inputs=["examples"], outputs=["question"], queue=False, api_name="load_example")
+def load_example(page: MainPage, values: dict) -> dict:
+    """An example question into the Question box. Any index a client sends gets a clear answer, never an
+    IndexError (gr.Examples indexed its list with whatever arrived)."""
+    index = values["examples"]
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(EXAMPLE_QUESTIONS):
+        raise refused(
+            f"There is no example question {str(index)[:20]}; pick one of the {len(EXAMPLE_QUESTIONS)} shown "
+            f"(0 to {len(EXAMPLE_QUESTIONS) - 1}).",
+            logger,
+        )
+    return {"question": EXAMPLE_QUESTIONS[index]}
+
+
+@EVENTS.on(["blocks.load"], outputs=["badge"], api_name="model_badge")
+def show_badge(page: MainPage, values: dict) -> dict:
+    return {"badge": badge_markdown(page.service)}
+
+
+@EVENTS.on(["badge_timer.tick"], outputs=["badge"])
+def refresh_badge(page: MainPage, values: dict) -> dict:
+    return {"badge": badge_markdown(page.service)}
+
+
+def session_ended(page: MainPage, state: object) -> None:
+    """A closed tab (or an expired session): its running answer stops, its KV and report files go."""
+    if isinstance(state, SessionSlot) and isinstance(state.value, Case):
+        _end_case(page, state, state.value)
+
+
+def _client_of(request) -> str | None:
+    """Whom throttling counts: the login name, else the client's address."""
+    if request is None:
+        return None
+    client = getattr(request, "client", None)
+    return getattr(request, "username", None) or (getattr(client, "host", None) if client is not None else None)
+
+
+# --- the layout ----------------------------------------------------------------------------------------------------
+def build_main_page(service: InferenceSurface, uploads: UploadInbox, intake: FilmIntake, asking: Asking):
+    """The main page's Blocks. uploads: the web.upload_cache.UploadInbox that reads (and deletes) each upload once."""
+    import gradio as gr
+
+    page = MainPage(service, intake, asking, uploads)
+    settings = service.settings
     max_age = settings.cache_max_age_s  # previews and never-read uploads: deleted within 1.5x this
+    ui: dict[str, Any] = {}
     with gr.Blocks(
         title="MedGemma X-Ray assistant", delete_cache=(max(1, max_age // 2), max_age), analytics_enabled=False
     ) as demo:
-        case_state = gr.State(Case(), delete_callback=session_ended)
-        exports_state = gr.State(None, delete_callback=remove_report_files)  # the last report's export files
+        ui["blocks"] = demo
+        ui["session"] = gr.State(SessionSlot(Case()), delete_callback=lambda state: session_ended(page, state))
         gr.HTML(f"<style>{PAGE_CSS}</style>", padding=False, container=False)
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
-        badge = gr.Markdown(badge_markdown(service), elem_id="model-badge")
+        ui["badge"] = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():
             # --- the film: upload, what the model sees, its notes ---
             with gr.Column(scale=2):
-                upload = gr.File(label="Chest X-ray (PA): DICOM, PNG or JPEG", type="filepath", elem_id="film-upload")
-                preview = gr.Image(
+                ui["upload"] = gr.File(
+                    label="Chest X-ray (PA): DICOM, PNG or JPEG", type="filepath", elem_id="film-upload"
+                )
+                ui["preview"] = gr.Image(
                     label="What the model sees (padded to square, 896 px)",
                     interactive=False,
                     type="pil",
@@ -257,65 +468,40 @@ def build_main_page(service: InferenceSurface, uploads: UploadInbox):
                     buttons=["fullscreen"],  # no "share" (Spaces only) and no download of a deleted upload
                     elem_id="film-preview",
                 )
-                film_notes = gr.Markdown(elem_id="film-notes")
+                ui["notes"] = gr.Markdown(elem_id="film-notes")
             # --- the case: conversation and report, side by side in tabs ---
             with gr.Column(scale=3):
                 with gr.Tabs(elem_id="case-tabs") as case_tabs:
+                    ui["case_tabs"] = case_tabs
                     with gr.Tab("Conversation", id="conversation"):
-                        chatbot = gr.Chatbot(
+                        ui["chat"] = gr.Chatbot(
                             label="Conversation", height=420, buttons=["copy", "copy_all"], elem_id="chat"
                         )
                     with gr.Tab("Report", id="report-tab"):
-                        report_box = gr.Markdown(elem_id="report-box")
+                        ui["report_box"] = gr.Markdown(elem_id="report-box")
                         with gr.Row():
-                            report_json = gr.DownloadButton(
+                            ui["report_json"] = gr.DownloadButton(
                                 "Download report (JSON)", visible=False, elem_id="report-json"
                             )
-                            report_md = gr.DownloadButton(
+                            ui["report_md"] = gr.DownloadButton(
                                 "Download report (Markdown)", visible=False, elem_id="report-md"
                             )
-                question = gr.Textbox(label="Question", placeholder="Ask about the film...", elem_id="question")
+                ui["question"] = gr.Textbox(label="Question", placeholder="Ask about the film...", elem_id="question")
+                # The question being answered: filled from the Question box when it is taken (an API client sends
+                # it here directly), so the box itself is free for the next one while the answer streams.
+                ui["asked"] = gr.Textbox(label="Question", visible=False, elem_id="asked")
                 with gr.Row():
-                    ask_button = gr.Button("Ask", variant="primary", elem_id="ask")
-                    report_button = gr.Button("Structured report", elem_id="report")
-                    new_case_button = gr.Button("New case", elem_id="new-case")
-                gr.Examples(
-                    examples=[[q] for q in EXAMPLE_QUESTIONS], inputs=[question], label="Teaching-round questions"
+                    ui["ask_button"] = gr.Button("Ask", variant="primary", elem_id="ask")
+                    ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="stop")
+                    ui["report_button"] = gr.Button("Structured report", elem_id="report")
+                    ui["new_case_button"] = gr.Button("New case", elem_id="new-case")
+                ui["examples"] = gr.Dataset(
+                    components=[ui["question"]],
+                    samples=[[q] for q in EXAMPLE_QUESTIONS],
+                    type="index",  # the handler checks the index: a client may send any number
+                    label="Teaching-round questions",
+                    elem_id="examples",
                 )
-
-        # --- events ---
-        cleared_outputs = [preview, film_notes, chatbot, report_box, case_state, report_json, report_md, exports_state]
-        # The screen and the model's state are cleared first, so a failed upload leaves no film active.
-        upload.upload(clear_case, [case_state, exports_state], cleared_outputs, api_name=False, queue=False).then(
-            load_film,
-            [upload, case_state],
-            [preview, film_notes, chatbot, report_box, case_state],
-            api_name="upload_film",
-        )
-        upload.clear(clear_case, [case_state, exports_state], cleared_outputs, api_name="clear_film")
-        chatbot.clear(new_conversation, [case_state], [case_state], api_name="clear_chat")
-        generation = dict(concurrency_limit=service.settings.generation_concurrency, concurrency_id="generation")
-        ask_event = dict(fn=ask, inputs=[question, case_state], outputs=[chatbot, question, case_state])
-        show_chat = dict(fn=lambda: gr.Tabs(selected="conversation"), inputs=None, outputs=case_tabs, queue=False)
-        for trigger, name in ((ask_button.click, "ask"), (question.submit, False)):
-            trigger(**show_chat, api_name=False).then(**ask_event, api_name=name, **generation).then(
-                None, js=SHOW_LAST_ANSWER_JS, api_name=False
-            )
-        report_button.click(
-            lambda: gr.Tabs(selected="report-tab"), None, case_tabs, queue=False, api_name=False, js=SHOW_REPORT_JS
-        ).then(
-            report,
-            [case_state, exports_state],
-            [report_box, report_json, report_md, exports_state],
-            api_name="report",
-            **generation,
-        )
-        new_case_button.click(
-            new_case,
-            [case_state, exports_state],
-            [upload, *cleared_outputs[:3], question, *cleared_outputs[3:]],
-            api_name="new_case",
-        )
-        demo.load(lambda: badge_markdown(service), None, badge, api_name="model_badge")
-        gr.Timer(5.0).tick(lambda: badge_markdown(service), None, badge, api_name=False)
+        ui["badge_timer"] = gr.Timer(5.0)
+        EVENTS.wire(ui, page, concurrency={"generation": settings.generation_concurrency})
     return demo

@@ -23,7 +23,8 @@ from medgemma_xray.xray_io.errors import (
     UnsupportedImageError,
     is_native_panic,
 )
-from medgemma_xray.xray_io.radiograph import Radiograph, to_display_uint8
+from medgemma_xray.xray_io.radiograph import MAX_LUT_ENTRIES, Radiograph, to_display_uint8
+from medgemma_xray.xray_io.values import FilmValues, first_window, identity_of, pixel_spacing
 
 if TYPE_CHECKING:
     from pydicom.dataset import Dataset
@@ -54,6 +55,20 @@ DEFLATED_SYNTAX = "1.2.840.10008.1.2.1.99"
 
 def read_dicom(data: bytes, *, max_pixels: int, has_preamble: bool = True) -> Radiograph:
     """Decode one single-frame CR/DX radiograph. Raises an ImageInputError subclass for anything else."""
+    return _read_dicom(data, max_pixels, has_preamble, keep_values=False)[0]
+
+
+def read_dicom_with_values(data: bytes, *, max_pixels: int, has_preamble: bool = True) -> tuple[Radiograph, FilmValues]:
+    """The radiograph and, from the same decode, the film's own values for a viewer (xray_io.values)."""
+    film, values = _read_dicom(data, max_pixels, has_preamble, keep_values=True)
+    if values is None:  # _read_dicom computes them whenever keep_values is set
+        raise RuntimeError("the DICOM reader returned no values")
+    return film, values
+
+
+def _read_dicom(
+    data: bytes, max_pixels: int, has_preamble: bool, keep_values: bool
+) -> tuple[Radiograph, FilmValues | None]:
     import pydicom
 
     _keep_header_values_out_of_warnings()
@@ -72,6 +87,7 @@ def read_dicom(data: bytes, *, max_pixels: int, has_preamble: bool = True) -> Ra
     header = _check_header(dataset, max_pixels)
     pixels = _decode_pixels(dataset)
     del dataset.PixelData  # the encoded copy is no longer needed: keep the peak to one copy of the pixels
+    values = _film_values(pixels, dataset, header) if keep_values else None  # before `pixels` is consumed below
     warnings: list[str] = []
     invert = header.photometric == "MONOCHROME1" or header.presentation_shape == "INVERSE"
     film = to_display_uint8(pixels, _value_transform(dataset, warnings), invert=invert)
@@ -93,7 +109,43 @@ def read_dicom(data: bytes, *, max_pixels: int, has_preamble: bool = True) -> Ra
         header.photometric,
         view or "unknown",
     )
-    return Radiograph(pixels=film, source=source, warnings=tuple(warnings), view_position=view)
+    return Radiograph(pixels=film, source=source, warnings=tuple(warnings), view_position=view), values
+
+
+def _film_values(pixels: np.ndarray, dataset: Dataset, header: _Header) -> FilmValues:
+    """The stored values through the Modality LUT, as float32, flipped for MONOCHROME1 so that white is
+    attenuating; computed per possible value and applied with one lookup (as to_display_uint8 does)."""
+    from pydicom.pixels import apply_modality_lut
+
+    low, high = int(pixels.min()), int(pixels.max())
+    if high - low + 1 > MAX_LUT_ENTRIES:
+        raise UnsupportedImageError(
+            f"The pixel values span {low}..{high}, more than 16 bits; export the film with at most 16 bits a pixel."
+        )
+    try:
+        table = np.asarray(apply_modality_lut(np.arange(low, high + 1, dtype=np.int64), dataset), dtype=np.float32)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise CorruptImageError(
+            "The Modality LUT in the header is damaged, so the pixel values cannot be interpreted. "
+            "Export the film again from the PACS."
+        ) from exc
+    if not np.isfinite(table).all():
+        raise CorruptImageError(
+            "The header's rescale or LUT values turn the pixels into non-numbers; the header is damaged. "
+            "Export the film again from the PACS."
+        )
+    unsigned = pixels.view(np.dtype(f"u{pixels.itemsize}"))
+    values: np.ndarray = table[unsigned - unsigned.dtype.type(low % (1 << (8 * pixels.itemsize)))]
+    darkest, brightest = float(values.min()), float(values.max())
+    window = first_window(dataset)
+    if window is None or window[1] < 1:
+        window = ((darkest + brightest) / 2, max(brightest - darkest, 1.0))
+    if header.photometric == "MONOCHROME1":
+        np.subtract(np.float32(darkest + brightest), values, out=values)  # bright = attenuating, as the film
+        window = ((darkest + brightest) - window[0], window[1])
+    return FilmValues(values, window, pixel_spacing(dataset), header.bits_stored, identity_of(dataset))
 
 
 def _keep_header_values_out_of_warnings() -> None:

@@ -18,6 +18,7 @@ from medgemma_xray.xray_io.errors import (
     is_native_panic,
 )
 from medgemma_xray.xray_io.radiograph import Radiograph
+from medgemma_xray.xray_io.values import FilmValues
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,15 @@ def load_radiograph(
     It takes no file name: names may hold patient names, so they never enter a message or a log.
     max_pixels: rows x columns (x frames) allowed, checked from the header before any pixel is decoded.
     """
+    return _load(source, max_pixels, max_bytes, keep_values=False)[0]
+
+
+def _load(
+    source: bytes | str | os.PathLike[str], max_pixels: int, max_bytes: int, keep_values: bool
+) -> tuple[Radiograph, FilmValues | None]:
     data = _read(source, max_bytes)
     try:
-        film = _decode(data, max_pixels)
+        film, values = _decode(data, max_pixels, keep_values)
     except ImageInputError:
         raise
     except MemoryError as exc:
@@ -74,7 +81,18 @@ def load_radiograph(
             f"The image is {film.shape[1]}x{film.shape[0]} pixels, too small for a chest film "
             f"(at least {MIN_SIDE_PIXELS} on each side)."
         )
-    return film
+    return film, values
+
+
+def load_radiograph_with_values(
+    data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_bytes: int = MAX_UPLOAD_BYTES
+) -> tuple[Radiograph, FilmValues]:
+    """load_radiograph, plus the film's own values from the same decode (xray_io.values: what a viewer windows
+    and measures). The same checks, limits and errors."""
+    film, values = _load(data, max_pixels, max_bytes, keep_values=True)
+    if values is None:  # the readers return them whenever keep_values is set
+        raise RuntimeError("the film reader returned no values")
+    return film, values
 
 
 def _read(source: bytes | str | os.PathLike[str], max_bytes: int) -> bytes:
@@ -100,11 +118,15 @@ def _read(source: bytes | str | os.PathLike[str], max_bytes: int) -> bytes:
     return data
 
 
-def _decode(data: bytes, max_pixels: int) -> Radiograph:
+def _decode(data: bytes, max_pixels: int, keep_values: bool) -> tuple[Radiograph, FilmValues | None]:
     if is_dicom(data) or is_dicom_without_preamble(data):
-        from medgemma_xray.xray_io.dicom import read_dicom
+        from medgemma_xray.xray_io.dicom import read_dicom, read_dicom_with_values
 
-        return read_dicom(data, max_pixels=max_pixels, has_preamble=is_dicom(data))
-    from medgemma_xray.xray_io.raster import read_raster
+        if keep_values:
+            return read_dicom_with_values(data, max_pixels=max_pixels, has_preamble=is_dicom(data))
+        return read_dicom(data, max_pixels=max_pixels, has_preamble=is_dicom(data)), None
+    from medgemma_xray.xray_io.raster import read_raster, read_raster_with_values
 
-    return read_raster(data, max_pixels=max_pixels)
+    if keep_values:
+        return read_raster_with_values(data, max_pixels=max_pixels)
+    return read_raster(data, max_pixels=max_pixels), None

@@ -11,6 +11,7 @@ import numpy as np
 
 from medgemma_xray.xray_io.errors import CorruptImageError, ImageTooLargeError, UnsupportedImageError
 from medgemma_xray.xray_io.radiograph import Radiograph, to_display_uint8
+from medgemma_xray.xray_io.values import FilmValues, raster_values
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -27,6 +28,18 @@ ROTATIONS = {3: "rotated 180°", 6: "rotated 90° clockwise", 8: "rotated 90° a
 
 
 def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
+    return _read_raster(data, max_pixels, keep_values=False)[0]
+
+
+def read_raster_with_values(data: bytes, *, max_pixels: int) -> tuple[Radiograph, FilmValues]:
+    """The radiograph and, from the same decode, its 8 or 16 bits as given (xray_io.values), upright."""
+    film, values = _read_raster(data, max_pixels, keep_values=True)
+    if values is None:  # _read_raster computes them whenever keep_values is set
+        raise RuntimeError("the raster reader returned no values")
+    return film, values
+
+
+def _read_raster(data: bytes, max_pixels: int, keep_values: bool) -> tuple[Radiograph, FilmValues | None]:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -70,10 +83,14 @@ def read_raster(data: bytes, *, max_pixels: int) -> Radiograph:
 
     image = _apply_exif_orientation(image, warnings)
     kind = "JPEG" if image.format == "MPO" else image.format
+    sixteen_bits = keep_values and image.mode in SIXTEEN_BIT_MODES
+    values = raster_values(np.asarray(image), 16) if sixteen_bits else None
     film, depth = _grayscale_pixels(image, warnings)
     del image  # Pillow's copy of the pixels goes before the film is returned
+    if keep_values and values is None:
+        values = raster_values(film, 8)  # 8 bits as given (grayscale conversion and orientation applied)
     logger.info("decoded %s %s size=%dx%d", kind, depth, film.shape[1], film.shape[0])
-    return Radiograph(pixels=film, source=f"{kind} {depth}", warnings=tuple(warnings))
+    return Radiograph(pixels=film, source=f"{kind} {depth}", warnings=tuple(warnings)), values
 
 
 def _refuse_scan_bomb(data: bytes) -> None:

@@ -13,9 +13,10 @@ import logging
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from medgemma_xray.assistant.batch.csv_view import write_csv
 from medgemma_xray.assistant.batch.dicom_png import conversion_result, looks_like_dicom
@@ -27,7 +28,6 @@ from medgemma_xray.assistant.batch.tasks import (
     MODEL_TASKS,
     error_record,
     features_record,
-    film_details,
     new_record,
     qa_record,
     report_record,
@@ -35,11 +35,16 @@ from medgemma_xray.assistant.batch.tasks import (
 from medgemma_xray.assistant.report import report_request
 from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 from medgemma_xray.xray_io import load_radiograph
-from medgemma_xray.xray_io.preprocess import model_input_image
 
 logger = logging.getLogger(__name__)
 # Always films/s (tqdm would switch to s/film below one film a second), then the time left.
 BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_noinv_fmt}{postfix}]"
+
+
+# A film file -> (what the records say about it, the model's image), raising on a film the door refuses. The
+# batch CLI passes its film intake's (medgemma_xray.intake: the film check, the servers' preprocessing); details
+# may carry "flagged": True for a film read with the film check's warning.
+ReadFilm = Callable[[Path], tuple[dict, Any]]
 
 
 class BatchUsageError(ValueError):
@@ -74,6 +79,7 @@ class BatchSummary:
     seconds: float = 0.0
     failures_by_reason: Counter = field(default_factory=Counter)  # films of the whole journal, by error class
     failed_films: int = 0  # films of the whole journal with a failed record for one of the run's tasks
+    flagged_films: int = 0  # films read now although the film check found them unlike a frontal chest film
 
     @property
     def films_per_s(self) -> float:
@@ -90,6 +96,11 @@ class BatchSummary:
             f"records written: {self.records} ({self.skipped} skipped); {self.seconds:.1f} s, "
             f"{self.films_per_s:.2f} films/s, {self.new_tokens} tokens generated, {self.tokens_per_s:.1f} tokens/s",
         ]
+        if self.flagged_films:
+            lines.append(
+                f"flagged films: {self.flagged_films} do not look like frontal chest films (FILM_CHECK=warn); "
+                "their answers are not meaningful (see each record's film.warnings)"
+            )
         if self.failures_by_reason:
             reasons = ", ".join(f"{name} {count}" for name, count in self.failures_by_reason.most_common())
             lines.append(f"failed films in this folder: {self.failed_films}; by reason: {reasons}")
@@ -97,8 +108,10 @@ class BatchSummary:
 
 
 class _Run:
-    def __init__(self, plan: BatchPlan, journal: Journal, backend, run_requests: RunRequests | None) -> None:
-        self.plan, self.journal, self.backend = plan, journal, backend
+    def __init__(
+        self, plan: BatchPlan, journal: Journal, backend, run_requests: RunRequests | None, read_film: ReadFilm
+    ) -> None:
+        self.plan, self.journal, self.backend, self.read_film = plan, journal, backend, read_film
         self.run_requests = run_requests or (sequential_requests(backend) if backend is not None else None)
         self.summary = BatchSummary()
         self.failed_now: dict[str, set[str]] = {}
@@ -145,10 +158,12 @@ class _Run:
             if not tasks:
                 continue
             try:
-                radiograph = load_radiograph(film.path)
-                loaded.append((film, tasks, film_details(radiograph), model_input_image(radiograph)))
+                details, image = self.read_film(film.path)
             except Exception as exc:
                 self.fail(film, tasks, exc)
+                continue
+            self.summary.flagged_films += bool(details.get("flagged"))
+            loaded.append((film, tasks, details, image))
         self._features([entry for entry in loaded if "features" in entry[1]])
         self._generations([entry for entry in loaded if {"report", "qa"} & set(entry[1])])
 
@@ -270,20 +285,27 @@ def _check_questions(plan: BatchPlan, journal: Journal) -> None:
 
 
 def run_batch(
-    plan: BatchPlan, backend=None, run_requests: RunRequests | None = None, progress: bool = True
+    plan: BatchPlan,
+    backend=None,
+    run_requests: RunRequests | None = None,
+    progress: bool = True,
+    *,
+    read_film: ReadFilm | None = None,
 ) -> BatchSummary:
-    """Run the plan's tasks on every film under plan.input_dir not yet done in plan.output_dir."""
+    """Run the plan's tasks on every film under plan.input_dir not yet done in plan.output_dir. read_film: how a
+    film becomes the model's input; the features, report and qa tasks need one (the CLI's goes through the film
+    intake, film check included)."""
     from tqdm import tqdm
 
     if not plan.input_dir.is_dir():
         raise BatchUsageError(f"--input {plan.input_dir} is not a folder")
-    if set(plan.tasks) & set(MODEL_TASKS) and backend is None:
-        raise BatchUsageError("the features, report and qa tasks need a backend")
+    if set(plan.tasks) & set(MODEL_TASKS) and (backend is None or read_film is None):
+        raise BatchUsageError("the features, report and qa tasks need a backend and a film reader")
     started = time.perf_counter()
     with Journal.open(plan.output_dir, drop_failed=plan.retry_failed) as journal:
         _check_questions(plan, journal)
         films = find_films(plan.input_dir, film_key(plan.output_dir), exclude=plan.output_dir)
-        run = _Run(plan, journal, backend, run_requests)
+        run = _Run(plan, journal, backend, run_requests, read_film or _no_reader)
         pending = [film for film in films if run.todo(film)]
         summary = run.summary
         summary.films, summary.already_done = len(films), len(films) - len(pending)
@@ -320,3 +342,7 @@ def run_batch(
             if "features" in plan.tasks or any(r["task"] == "features" for r in journal):
                 write_index(plan.output_dir, journal.records)
     return summary
+
+
+def _no_reader(path: Path) -> tuple[dict, Any]:
+    raise BatchUsageError("this run has no film reader")  # run_batch refuses model tasks without one first

@@ -34,7 +34,14 @@ def describe_error(exc: BaseException, film: FilmFile, record_names: bool) -> di
     if not record_names:
         for name in sorted({str(film.path), str(film.path.resolve()), film.relative, film.path.name}, key=len)[::-1]:
             message = message.replace(name, "<film>")
-    return {"class": type(exc).__name__, "message": message}
+    # A door's refusal (medgemma_xray.intake) carries a stable code; its class is recorded as the loader's own
+    # when it wraps one (CorruptImageError, ImageTooLargeError, ...), which says more.
+    code = getattr(exc, "code", None)
+    cause = exc.__cause__ if code is not None and isinstance(exc.__cause__, Exception) else exc
+    described = {"class": type(cause).__name__, "message": message}
+    if isinstance(code, str):
+        described["code"] = code
+    return described
 
 
 def error_record(film: FilmFile, task: str, exc: BaseException, record_names: bool, about: dict | None = None) -> dict:
@@ -45,13 +52,16 @@ def error_record(film: FilmFile, task: str, exc: BaseException, record_names: bo
     return record
 
 
-def film_details(radiograph: Radiograph) -> dict:
-    """What the loader says about the film: nothing identifying (source, view, warnings, size)."""
-    rows, columns = radiograph.shape
+def film_details(
+    radiograph: Radiograph, shape: tuple[int, int] | None = None, warnings: tuple[str, ...] | None = None
+) -> dict:
+    """What the loader says about the film: nothing identifying (source, view, warnings, size). shape and
+    warnings: the film's own where `radiograph` is a smaller copy, and the film check's warning added."""
+    rows, columns = shape or radiograph.shape
     return {
         "source": radiograph.source,
         "view_position": radiograph.view_position,
-        "warnings": list(radiograph.warnings),
+        "warnings": list(radiograph.warnings if warnings is None else warnings),
         "rows": rows,
         "columns": columns,
     }

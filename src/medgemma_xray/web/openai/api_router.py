@@ -15,9 +15,11 @@ from medgemma_xray.web.openai.http_edge import (
     chat_request,
     not_a_route,
     openapi_document,
+    register_any_path,
 )
 from medgemma_xray.web.openai.protocol import ChatCompletionResponse, ModelCard, ModelList
 
+register_any_path()  # "{x:any_path}": the rest of a path, line breaks included (Starlette's ":path" stops at them)
 router = APIRouter(route_class=OpenAIRoute, responses=ERROR_RESPONSES)
 STREAM: dict[int | str, dict[str, Any]] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
@@ -28,7 +30,7 @@ async def list_models(raw_request: Request):
     return JSONResponse(OpenAIState.of(raw_request).models.list().model_dump())
 
 
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard)
+@router.get("/v1/models/{model_id:any_path}", response_model=ModelCard)
 async def retrieve_model(model_id: str, raw_request: Request):
     await OpenAIState.of(raw_request).login(raw_request)
     return JSONResponse(OpenAIState.of(raw_request).models.retrieve(model_id).model_dump())
@@ -52,6 +54,8 @@ async def openapi_schema():
     return JSONResponse(openapi_document(router.routes))
 
 
-@router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+@router.api_route("/v1/{path:any_path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
 async def no_such_route(path: str, raw_request: Request):
-    raise not_a_route(raw_request.method, raw_request.url.path, router.routes)
+    raise not_a_route(
+        raw_request.method, raw_request.scope["path"], router.routes
+    )  # not url.path: it drops line breaks

@@ -31,18 +31,16 @@ class OpenAIState:
 
 
 def build_state(service: InferenceSurface, auth: Callable[[str, str], bool] | None) -> OpenAIState:
-    from medgemma_xray.web.limits import RequestLimits
+    from medgemma_xray.intake import FilmIntake
+    from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.openai.conversation_ids import ConversationIds
-    from medgemma_xray.web.openai.films import FilmReader, film_loader
+    from medgemma_xray.web.openai.films import FilmReader
     from medgemma_xray.web.openai.http_edge import body_limit
-    from medgemma_xray.web.openai.in_flight import InFlightConversations
-    from medgemma_xray.web.openai.limits import ConversationLimits
     from medgemma_xray.web.openai.serving_chat import OpenAIServingChat
     from medgemma_xray.web.openai.serving_models import OpenAIServingModels
 
     settings = service.settings
     models = OpenAIServingModels(service)
-    films = FilmReader(film_loader(settings), settings.max_file_size_bytes)
-    limits = ConversationLimits(RequestLimits.from_settings(settings), settings.max_sequence)
-    chat = OpenAIServingChat(service, models, films, ConversationIds(), limits, InFlightConversations())
+    films = FilmReader(FilmIntake.for_settings(settings))  # the pages' intake: one film cache for every door
+    chat = OpenAIServingChat(service, models, films, ConversationIds(), Asking.for_service(service))
     return OpenAIState(models, chat, BearerCheck(auth), body_limit(settings))

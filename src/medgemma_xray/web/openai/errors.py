@@ -3,9 +3,9 @@
 One table of statuses, used by every route:
 - 400 invalid_request_error: anything wrong with the request, the film included (codes name which: invalid_image,
   not_a_chest_film, image_too_large, ...). Malformed, too deeply nested or surrogate-carrying JSON is a 400 too.
-- 401 authentication_error; 404 not_found_error (an unknown model or route); 405 for a wrong method;
-  409 conversation_busy (one answer at a time per conversation); 413 for a body over the transport limit.
-- 429 rate_limit_error: this client asked too often (per-client throttling).
+- 401 authentication_error; 404 (an unknown model or route); 405 for a wrong method; 409 conversation_busy (one
+  answer at a time per conversation); 413 for a body over the transport limit.
+- 429 rate_limit_error: this client asked more often than QUESTIONS_PER_MINUTE (web.asking's throttling).
 - 503 service_unavailable: the server's queue is full (server_busy) or no model serves now (unavailable); both
   carry Retry-After. 503, not 429, because a full queue is the server's shared capacity, not this client's rate:
   the UI, Gradio's queue and uvicorn's connection limit answer 503 too, and routers in front of several replicas
@@ -128,14 +128,29 @@ def from_validation(exc: ValidationError) -> ApiError:
     return bad_request(f"Invalid value for {where}: {error['msg']}.", param=param, code="invalid_value")
 
 
+def from_asking(exc) -> ApiError:
+    """web.asking's refusals (the rules of a conversation, one answer at a time, throttling) as web.asking's own
+    adapter shapes them for OpenAI."""
+    from medgemma_xray.web.asking import to_openai
+
+    status, body, headers = to_openai(exc)
+    error = body["error"]
+    return ApiError(
+        status, error["message"], kind=error["type"], code=error["code"], param=error["param"], headers=headers
+    )
+
+
 def from_service(exc: BaseException) -> ApiError:
     """The service's refusals and failures, by whose they are: the request's (400), the server's capacity (503),
     time (504), or a fault (500 with an incident number)."""
     from medgemma_xray.serving.scheduler import AnswerTimeoutError
     from medgemma_xray.serving.service import ServiceUnavailable
+    from medgemma_xray.web.asking import AskRefused
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, AskRefused):
+        return from_asking(exc)
     if isinstance(exc, RequestError):
         return bad_request(str(exc), param="messages", code="invalid_conversation")
     timeout = exc if isinstance(exc, AnswerTimeoutError) else exc.__cause__

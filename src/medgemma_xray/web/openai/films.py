@@ -1,11 +1,16 @@
-"""The film of an API request: a base64 data: URL in, the model's image out, decoded once per content.
+"""The film of an API request: a base64 data: URL in, the intake's film out, decoded once per content.
 
 An OpenAI client resends the film with every request of a conversation, and a class sends one film many times.
 Decoding it (base64, PNG or DICOM, the film check, padding, hashing) is what made the API slower than the UI, which
-decodes once at upload. So films are kept by a hash of the data: URL's payload, a payload being decoded is shared
-by every request that carries it (10 requests at once decode it once), and decodes run in worker threads, at most
-FILM_DECODES_AT_ONCE at a time: never on the event loop or the scheduler's thread, and never 40 full-size films in
-memory at once.
+decodes once at upload. The server's one film intake (medgemma_xray.intake) keeps decoded films by the hash of
+their bytes and bounds the decodes running at once (FILM_DECODES). In front of it, this reader remembers which
+film a data: URL's payload was, so a resent film skips even the base64 decode and the hash of its bytes, and a
+payload being read is shared by every request that carries it (10 requests at once read it once). Reads run on
+worker threads, never on the event loop or the scheduler's thread, at most as many at once as the intake decodes:
+the rest wait as tasks, not as threads holding their decoded bytes.
+
+Every refusal is a 400 (an input error, whatever its size), with the intake's code: not_an_image,
+not_a_chest_film or image_too_large.
 """
 
 from __future__ import annotations
@@ -14,38 +19,20 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import logging
-import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from medgemma_xray.web.asking import log_refusal
 from medgemma_xray.web.openai.errors import ApiError, bad_request
 
 if TYPE_CHECKING:
     from anyio import CapacityLimiter
 
-logger = logging.getLogger(__name__)
+    from medgemma_xray.intake import FilmIntake, IntakeFilm
 
-FILM_DECODES_AT_ONCE = 2
-FILM_CACHE_BYTES = 256 << 20  # decoded films kept for clients that resend them (follow-ups, a class on one film)
+PAYLOADS_REMEMBERED = 4096  # payload hash -> film key: 64-character strings, a few hundred kB at most
 REMOTE_SCHEMES = ("http", "https", "ftp", "file", "gs", "s3")
 ACCEPTED_IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "application/dicom", "application/octet-stream")
-
-
-@dataclass(frozen=True)
-class Film:
-    """The model's input image (shared between requests: read it, never change it), its warnings, and a hash of
-    the image's content (the backend's cache key)."""
-
-    image: Any  # PIL.Image.Image
-    warnings: tuple[str, ...]
-    image_hash: str
-
-    @property
-    def nbytes(self) -> int:
-        return self.image.width * self.image.height * len(self.image.getbands())
 
 
 def data_url_payload(url: str, max_bytes: int) -> str:
@@ -86,7 +73,7 @@ def data_url_payload(url: str, max_bytes: int) -> str:
 def too_large(max_bytes: int) -> ApiError:
     return bad_request(
         f"The film is larger than this server's {max_bytes / 2**20:g} MiB limit (MAX_FILE_SIZE_MB). Export a single "
-        "film at a lower size.",
+        "film at its native resolution.",
         param="messages",
         code="image_too_large",
     )
@@ -101,92 +88,63 @@ def base64_bytes(payload: str) -> bytes:
         ) from None
 
 
-class DecodedFilms:
-    """Films by payload hash, least recently used first out, bounded by the decoded images' bytes."""
-
-    def __init__(self, max_bytes: int = FILM_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._films: OrderedDict[str, Film] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Film | None:
-        with self._lock:
-            film = self._films.get(key)
-            if film is not None:
-                self._films.move_to_end(key)
-            return film
-
-    def put(self, key: str, film: Film) -> None:
-        if film.nbytes > self.max_bytes:
-            return
-        with self._lock:
-            if key in self._films:
-                return
-            self._films[key] = film
-            self._bytes += film.nbytes
-            while self._bytes > self.max_bytes:
-                _, oldest = self._films.popitem(last=False)
-                self._bytes -= oldest.nbytes
-
-
 class FilmReader:
-    """data: URL -> Film, for the API. load(bytes) -> Film is the film intake; it raises ApiError for a bad film."""
+    """data: URL -> the intake's film, for the API. Touched only on the event loop (its reads run on threads)."""
 
-    def __init__(
-        self,
-        load: Callable[[bytes], Film],
-        max_bytes: int,
-        cache: DecodedFilms | None = None,
-        decodes_at_once: int = FILM_DECODES_AT_ONCE,
-    ) -> None:
-        self.load, self.max_bytes = load, max_bytes
-        self.cache = cache if cache is not None else DecodedFilms()
-        self.decodes = 0  # films decoded, not taken from the cache or from a decode already running
-        self._count_lock = threading.Lock()
-        self._decodes_at_once = decodes_at_once
+    def __init__(self, intake: FilmIntake) -> None:
+        self.intake = intake
+        self.max_bytes = intake.config.max_bytes
+        self._films_by_payload: OrderedDict[str, str] = OrderedDict()
+        self._running: dict[str, asyncio.Task] = {}
         self._limiter: CapacityLimiter | None = None  # made on the event loop
-        self._running: dict[str, asyncio.Task] = {}  # touched only on the event loop
 
-    @property
-    def waiting_decodes(self) -> int:
-        """Films waiting for a decode to finish before theirs starts."""
-        return self._limiter.statistics().tasks_waiting if self._limiter is not None else 0
-
-    async def read(self, url: str) -> Film:
+    async def read(self, url: str) -> IntakeFilm:
         import anyio
 
         payload = data_url_payload(url, self.max_bytes)
         key = await anyio.to_thread.run_sync(_payload_key, payload)
-        cached = self.cache.get(key)
-        if cached is not None:
-            return cached
+        film = self._remembered(key)
+        if film is not None:
+            return film
         task = self._running.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._decode(key, payload))
+            task = asyncio.get_running_loop().create_task(self._read(key, payload))
             task.add_done_callback(_retrieve)
             self._running[key] = task
-        return await asyncio.shield(task)  # a client that leaves does not cancel the others' decode
+        return await asyncio.shield(task)  # a client that leaves does not cancel the others' read
 
-    async def _decode(self, key: str, payload: str) -> Film:
+    def _remembered(self, key: str) -> IntakeFilm | None:
+        film_key = self._films_by_payload.get(key)
+        if film_key is None:
+            return None
+        self._films_by_payload.move_to_end(key)
+        return self.intake.cached(film_key)  # None once the intake's cache has let the film go
+
+    async def _read(self, key: str, payload: str) -> IntakeFilm:
         import anyio
 
         if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(self._decodes_at_once)
+            self._limiter = anyio.CapacityLimiter(self.intake.config.max_decodes)
         try:
-            film = await anyio.to_thread.run_sync(self._decode_in_thread, payload, limiter=self._limiter)
+            film = await anyio.to_thread.run_sync(self._read_in_thread, payload, limiter=self._limiter)
         finally:
             del self._running[key]
-        self.cache.put(key, film)
+        self._films_by_payload[key] = film.key
+        while len(self._films_by_payload) > PAYLOADS_REMEMBERED:
+            self._films_by_payload.popitem(last=False)
         return film
 
-    def _decode_in_thread(self, payload: str) -> Film:
+    def _read_in_thread(self, payload: str) -> IntakeFilm:
+        from medgemma_xray.intake import FilmRefused
+
         data = base64_bytes(payload)
         if len(data) > self.max_bytes:
             raise too_large(self.max_bytes)
-        with self._count_lock:
-            self.decodes += 1
-        return self.load(data)
+        try:
+            return self.intake.read(data)
+        except FilmRefused as exc:
+            log_refusal(exc, "API film")  # its class only: the message can quote the film's tags
+            raise bad_request(str(exc), param="messages", code=exc.code) from None
 
 
 def _payload_key(payload: str) -> str:
@@ -196,37 +154,3 @@ def _payload_key(payload: str) -> str:
 def _retrieve(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()  # read here, so a failure nobody awaited any more is not logged as never retrieved
-
-
-def film_loader(settings) -> Callable[[bytes], Film]:
-    """bytes -> Film under the UI's limits and film check (refuse or warn, as FILM_CHECK says)."""
-    reference = None
-    if settings.film_check != "off":
-        from medgemma_xray.film_check import load_reference
-        from medgemma_xray.film_check.check import REFERENCE_PATH
-
-        reference = load_reference(settings.film_check_reference or REFERENCE_PATH)
-
-    def load(data: bytes) -> Film:
-        from medgemma_xray.film_check import check_film
-        from medgemma_xray.xray_io import ImageInputError, load_radiograph
-        from medgemma_xray.xray_io.preprocess import model_input_image
-
-        try:
-            film = load_radiograph(data, max_pixels=settings.max_pixels, max_bytes=settings.max_file_size_bytes)
-        except ImageInputError as exc:
-            logger.warning("refused a film: %s", type(exc).__name__)
-            too_big = type(exc).__name__ == "ImageTooLargeError"
-            raise bad_request(str(exc), "messages", "image_too_large" if too_big else "invalid_image") from None
-        image = model_input_image(film)
-        warnings = tuple(film.warnings)
-        if reference is not None:  # the same check as the UI's upload: the model reads only chest films
-            verdict = check_film(film.pixels, reference)
-            if not verdict.plausible and settings.film_check == "refuse":
-                logger.warning("refused a film: NotAChestFilmError")
-                raise bad_request(verdict.refusal(), "messages", "not_a_chest_film")
-            if not verdict.plausible:
-                warnings += (verdict.warning(),)
-        return Film(image, warnings, hashlib.sha256(image.tobytes()).hexdigest())
-
-    return load

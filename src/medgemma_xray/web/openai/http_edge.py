@@ -66,6 +66,17 @@ class OpenAIRoute(APIRoute):
         return answer_in_openai_shape
 
 
+def register_any_path() -> None:
+    """A path convertor that takes the rest of a path whatever it holds. Starlette's ":path" is ".*", which stops
+    at a line break, so /v1/models/a%0Ab matched no API route and reached Gradio's {"detail": "Not Found"}."""
+    from starlette.convertors import PathConvertor, register_url_convertor
+
+    class AnyPath(PathConvertor):
+        regex = r"[\s\S]*"
+
+    register_url_convertor("any_path", AnyPath())
+
+
 def body_limit(settings) -> int:
     return settings.max_file_size_bytes * 4 // 3 + JSON_OVERHEAD_BYTES
 

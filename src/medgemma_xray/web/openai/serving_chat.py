@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: a typed request in, an answer (whole or streamed as server-sent events) out.
 
-The order is the cost order: everything that needs no work (model, parameters, the conversation's shape and
-limits) is checked before the film is decoded, and the film before the answer is queued. Errors before the first
+The order is the cost order: everything that needs no work (model, parameters, the conversation's shape, and
+web.asking's rules on the whole conversation, as every door applies them) is checked before the film is decoded,
+and the film before the answer is queued. Errors before the first
 token are HTTP statuses (errors.py); after it, a stream carries the error as its last event, as OpenAI and vLLM do.
 A client that goes away, streaming or not, stops its answer and frees its decode slot.
 """
@@ -13,10 +14,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
-from medgemma_xray.inference_api.errors import RequestError
 from medgemma_xray.inference_api.types import GenerationRequest, GenerationStats
 from medgemma_xray.web.openai.answer_feed import AnswerFeed, Progress
 from medgemma_xray.web.openai.errors import ApiError, bad_request, from_service
@@ -41,9 +41,11 @@ if TYPE_CHECKING:
     from anyio import CapacityLimiter
     from starlette.requests import Request
 
+    from medgemma_xray.intake import IntakeFilm
     from medgemma_xray.serving.surface import InferenceSurface
+    from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.openai.conversation_ids import BoundConversation, ConversationIds
-    from medgemma_xray.web.openai.films import Film, FilmReader
+    from medgemma_xray.web.openai.films import FilmReader
     from medgemma_xray.web.openai.serving_models import OpenAIServingModels
 
 logger = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class Answer:
     model: str
     stats: GenerationStats
     feed: AnswerFeed
-    film: Film
+    film: IntakeFilm
     conversation: BoundConversation | None
     received: float
     stops: StopStrings
@@ -78,11 +80,10 @@ class OpenAIServingChat:
         models: OpenAIServingModels,
         films: FilmReader,
         conversations: ConversationIds,
-        limits,
-        in_flight,
+        asking: Asking,
     ) -> None:
         self.service, self.models, self.films = service, models, films
-        self.conversations, self.limits, self.in_flight = conversations, limits, in_flight
+        self.conversations, self.asking = conversations, asking
         settings = service.settings
         self.max_new_tokens = settings.max_new_tokens
         # Each waiting or running answer holds one worker thread that reads it; more than the service can hold
@@ -103,25 +104,23 @@ class OpenAIServingChat:
                 "MAX_NEW_TOKENS.",
                 param="max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens",
             )
+        import anyio
+
         from medgemma_xray.web.openai.conversation import conversation_of
 
+        self.asking.admit(user or (raw_request.client.host if raw_request.client else None))
         conversation = conversation_of(request)
-        self.limits.check(conversation)
+        extra = {} if conversation.system_prompt is None else {"system_prompt": conversation.system_prompt}
+        generation = GenerationRequest(image=None, turns=conversation.turns, max_new_tokens=tokens, **extra)
+        await anyio.to_thread.run_sync(self.asking.check, generation)  # it may count tokens: off the event loop
         film = await self.films.read(conversation.film_url)
         bound = self.conversations.bind(request.conversation_id, user)
-        extra = {} if conversation.system_prompt is None else {"system_prompt": conversation.system_prompt}
-        generation = GenerationRequest(
-            image=film.image,
-            turns=conversation.turns,
-            max_new_tokens=tokens,
+        generation = replace(
+            generation,
+            image=film.model_image,
+            image_key=film.image_key,
             conversation_id=bound.key if bound else None,
-            image_key=film.image_hash,
-            **extra,
         )
-        try:
-            generation.validate()
-        except RequestError as exc:
-            raise bad_request(str(exc), param="messages") from None
         logger.info(
             "chat completion: stream=%s turns=%d max_tokens=%d", bool(request.stream), len(generation.turns), tokens
         )
@@ -136,10 +135,9 @@ class OpenAIServingChat:
     async def _start(self, request, model, generation, film, bound, received) -> Answer:
         import anyio
 
-        key = generation.conversation_id
-        self.in_flight.claim(key)
+        ticket = self.asking.claim(generation.conversation_id)  # 409 while another answer of it runs
         stats = GenerationStats()
-        feed = AnswerFeed(self.service.stream_answer(generation, stats), asyncio.get_running_loop())
+        feed = AnswerFeed(self.asking.stream(generation, ticket, stats), asyncio.get_running_loop())
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self._reader_threads)
 
@@ -147,7 +145,7 @@ class OpenAIServingChat:
             try:
                 await anyio.to_thread.run_sync(feed.read_all, limiter=self._limiter)
             finally:
-                self.in_flight.release(key)  # only once the answer is closed: its KV is free for the next turn
+                self.asking.release(ticket)  # only once the answer is closed: its KV is free for the next turn
 
         reader = asyncio.get_running_loop().create_task(read())
         self._readers.add(reader)
@@ -189,7 +187,11 @@ class OpenAIServingChat:
         loop = asyncio.get_running_loop()
         sent_chars = sent_tokens = 0
         try:
-            yield self._frame(answer, Delta(role="assistant", content=""))
+            opening = AnswerDetails(  # the id to continue with, before the answer ends
+                conversation_id=answer.conversation.public_id if answer.conversation else None,
+                warnings=list(answer.film.warnings),
+            )
+            yield self._frame(answer, Delta(role="assistant", content=""), details=opening)
             while True:
                 text = progress.text or ""
                 match = answer.stops.first_match(text)
