@@ -125,12 +125,16 @@ class OpenAIServingChat:
             "chat completion: stream=%s turns=%d max_tokens=%d", bool(request.stream), len(generation.turns), tokens
         )
         answer = await self._start(request, model, generation, film, bound, received)
-        first = await answer.feed.next()
-        if first.error is not None:
-            raise from_service(first.error)
-        if request.stream:
-            return self._stream(answer, first)
-        return await self._complete(answer, first, raw_request)
+        watcher = asyncio.get_running_loop().create_task(_until_disconnected(raw_request))
+        try:  # a client that leaves while its answer waits in the queue frees its place too
+            first = await _next_or_disconnect(answer.feed, watcher)
+            if first.error is not None:
+                raise from_service(first.error)
+            if request.stream:
+                return self._stream(answer, first)  # from here Starlette watches the connection
+            return await self._complete(answer, first, watcher)
+        finally:
+            watcher.cancel()
 
     async def _start(self, request, model, generation, film, bound, received) -> Answer:
         import anyio
@@ -153,20 +157,15 @@ class OpenAIServingChat:
         return Answer(request, model, stats, feed, film, bound, received, StopStrings(request.stop_strings))
 
     # --- a whole answer -------------------------------------------------------------------------------------------
-    async def _complete(self, answer: Answer, progress: Progress, raw_request: Request) -> ChatCompletionResponse:
-        watcher = asyncio.get_running_loop().create_task(_until_disconnected(raw_request))
+    async def _complete(self, answer: Answer, progress: Progress, watcher: asyncio.Task) -> ChatCompletionResponse:
         try:
             while not progress.finished:
                 if progress.text is not None and answer.stops.first_match(progress.text) is not None:
                     break
-                if watcher.done():
-                    answer.feed.stop()  # the client left: the reading thread closes the answer at the next token
-                    raise ApiError(499, "The client closed the request.", code="client_closed_request")
                 progress = await _next_or_disconnect(answer.feed, watcher)
         finally:
-            watcher.cancel()
             if not progress.finished:
-                answer.feed.stop()
+                answer.feed.stop()  # a stop string, or the client left: the answer ends at its next token
         if progress.error is not None:
             raise from_service(progress.error)
         text, finish, tokens = self._final(answer, progress.text or "")
@@ -300,9 +299,11 @@ async def _until_disconnected(raw_request: Request) -> None:
 
 
 async def _next_or_disconnect(feed: AnswerFeed, watcher: asyncio.Task) -> Progress:
+    """The feed's next progress; ApiError 499 (which nobody reads) when the client leaves first."""
     progress = asyncio.ensure_future(feed.next())
     await asyncio.wait({progress, watcher}, return_when=asyncio.FIRST_COMPLETED)
     if progress.done():
         return progress.result()
     progress.cancel()
-    return Progress(None, False)
+    feed.stop()  # the client left: the reading thread closes the answer at its next token
+    raise ApiError(499, "The client closed the request before its answer.", code="client_closed_request")
