@@ -48,8 +48,11 @@ def start_server(pythonpath: str | None, folder: Path) -> tuple[subprocess.Popen
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    from medgemma_xray.serving.settings import DEMO_MODEL_DIR
+
     env = {key: value for key, value in os.environ.items() if key not in ("MODEL_PATH", "PYTHONPATH")}
-    env.update(LOG_DIR=str(folder), GENERATION_CONCURRENCY="4")
+    # One checkpoint for every tree: this tree's demo (another tree's package looks for its own models/ folder).
+    env.update(LOG_DIR=str(folder), GENERATION_CONCURRENCY="4", MODEL_PATH=str(DEMO_MODEL_DIR))
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     process = subprocess.Popen(

@@ -12,7 +12,6 @@ from medgemma_xray.web.openai.http_edge import (
     CHAT_REQUEST_BODY,
     ERROR_RESPONSES,
     OpenAIRoute,
-    chat_request,
     not_a_route,
     openapi_document,
     register_any_path,
@@ -42,7 +41,7 @@ async def retrieve_model(model_id: str, raw_request: Request):
 async def create_chat_completion(raw_request: Request):
     state = OpenAIState.of(raw_request)
     user = await state.login(raw_request)
-    request = await chat_request(raw_request, state.max_body)
+    request = await state.body.chat_request(raw_request)
     answer = await state.chat.create_chat_completion(request, raw_request, user)
     if isinstance(answer, ChatCompletionResponse):
         return JSONResponse(answer.model_dump())

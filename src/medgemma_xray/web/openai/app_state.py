@@ -11,6 +11,7 @@ from medgemma_xray.web.openai.login import BearerCheck
 
 if TYPE_CHECKING:
     from medgemma_xray.serving.surface import InferenceSurface
+    from medgemma_xray.web.openai.http_edge import BodyReader
     from medgemma_xray.web.openai.serving_chat import OpenAIServingChat
     from medgemma_xray.web.openai.serving_models import OpenAIServingModels
 
@@ -20,7 +21,7 @@ class OpenAIState:
     models: OpenAIServingModels
     chat: OpenAIServingChat
     bearer: BearerCheck
-    max_body: int
+    body: BodyReader
 
     @staticmethod
     def of(request) -> OpenAIState:
@@ -35,7 +36,7 @@ def build_state(service: InferenceSurface, auth: Callable[[str, str], bool] | No
     from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.openai.conversation_ids import ConversationIds
     from medgemma_xray.web.openai.films import FilmReader
-    from medgemma_xray.web.openai.http_edge import body_limit
+    from medgemma_xray.web.openai.http_edge import BodyReader
     from medgemma_xray.web.openai.serving_chat import OpenAIServingChat
     from medgemma_xray.web.openai.serving_models import OpenAIServingModels
 
@@ -43,4 +44,4 @@ def build_state(service: InferenceSurface, auth: Callable[[str, str], bool] | No
     models = OpenAIServingModels(service)
     films = FilmReader(FilmIntake.for_settings(settings))  # the pages' intake: one film cache for every door
     chat = OpenAIServingChat(service, models, films, ConversationIds(), Asking.for_service(service))
-    return OpenAIState(models, chat, BearerCheck(auth), body_limit(settings))
+    return OpenAIState(models, chat, BearerCheck(auth), BodyReader(settings))

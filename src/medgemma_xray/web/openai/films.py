@@ -4,10 +4,10 @@ An OpenAI client resends the film with every request of a conversation, and a cl
 Decoding it (base64, PNG or DICOM, the film check, padding, hashing) is what made the API slower than the UI, which
 decodes once at upload. The server's one film intake (medgemma_xray.intake) keeps decoded films by the hash of
 their bytes and bounds the decodes running at once (FILM_DECODES). In front of it, this reader remembers which
-film a data: URL's payload was, so a resent film skips even the base64 decode and the hash of its bytes, and a
-payload being read is shared by every request that carries it (10 requests at once read it once). Reads run on
-worker threads, never on the event loop or the scheduler's thread, at most as many at once as the intake decodes:
-the rest wait as tasks, not as threads holding their decoded bytes.
+film a data: URL was, so a resent film skips even the base64 decode and the hash of its bytes, and a URL being
+read is shared by every request that carries it (10 requests at once read it once). Reads run on worker threads,
+never on the event loop or the scheduler's thread, at most as many at once as the intake decodes, and hashes at
+most HASHES_AT_ONCE: the rest wait as tasks, not as threads each holding a copy of its film.
 
 Every refusal is a 400 (an input error, whatever its size), with the intake's code: not_an_image,
 not_a_chest_film or image_too_large.
@@ -30,15 +30,18 @@ if TYPE_CHECKING:
 
     from medgemma_xray.intake import FilmIntake, IntakeFilm
 
-PAYLOADS_REMEMBERED = 4096  # payload hash -> film key: 64-character strings, a few hundred kB at most
+HASHES_AT_ONCE = 4
+URLS_REMEMBERED = 4096  # URL hash -> film key: 64-character strings, a few hundred kB at most
 REMOTE_SCHEMES = ("http", "https", "ftp", "file", "gs", "s3")
 ACCEPTED_IMAGE_TYPES = ("image/png", "image/jpeg", "image/jpg", "application/dicom", "application/octet-stream")
 
 
-def data_url_payload(url: str, max_bytes: int) -> str:
-    """The base64 payload of a data: URL, checked for what can be checked without decoding it. The server
-    fetches nothing: every other scheme is refused."""
-    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+def payload_start(url: str, max_bytes: int) -> int:
+    """Where the base64 payload of a data: URL starts, once its header is checked; nothing of the payload is
+    copied (it can be tens of MB, and forty requests may carry one at once). The server fetches nothing: every
+    other scheme is refused."""
+    colon, comma = url.find(":", 0, 16), url.find(",", 0, 256)
+    scheme = url[:colon].lower() if colon > 0 else ""
     if scheme in REMOTE_SCHEMES:
         raise bad_request(
             f"Remote image URLs ({scheme}://) are refused: this server fetches nothing. Send the film inline as a "
@@ -46,15 +49,14 @@ def data_url_payload(url: str, max_bytes: int) -> str:
             param="messages",
             code="remote_image_url_refused",
         )
-    header, comma, payload = url.partition(",")
-    if scheme != "data" or not comma:
+    if scheme != "data" or comma < 0:
         raise bad_request(
             "image_url.url must be a data: URL (data:image/png;base64,..., data:image/jpeg;base64,... or "
             "data:application/dicom;base64,...).",
             param="messages",
             code="invalid_image_url",
         )
-    parts = [part.strip().lower() for part in header[len("data:") :].split(";")]
+    parts = [part.strip().lower() for part in url[colon + 1 : comma].split(";")]
     if "base64" not in parts[1:]:
         raise bad_request(
             "The data: URL must be base64-encoded (data:<type>;base64,...).", "messages", "invalid_image_url"
@@ -65,9 +67,9 @@ def data_url_payload(url: str, max_bytes: int) -> str:
             param="messages",
             code="unsupported_image_type",
         )
-    if len(payload) > (max_bytes // 3 + 1) * 4 + 4:
+    if len(url) - comma - 1 > (max_bytes // 3 + 1) * 4 + 4:
         raise too_large(max_bytes)
-    return payload
+    return comma + 1
 
 
 def too_large(max_bytes: int) -> ApiError:
@@ -79,9 +81,9 @@ def too_large(max_bytes: int) -> ApiError:
     )
 
 
-def base64_bytes(payload: str) -> bytes:
+def base64_bytes(url: str, start: int) -> bytes:
     try:
-        return base64.b64decode(payload, validate=True)
+        return base64.b64decode(url[start:], validate=True)
     except (binascii.Error, ValueError):
         raise bad_request(
             "The data: URL's base64 payload is damaged; encode the file again.", "messages", "invalid_image_url"
@@ -94,50 +96,53 @@ class FilmReader:
     def __init__(self, intake: FilmIntake) -> None:
         self.intake = intake
         self.max_bytes = intake.config.max_bytes
-        self._films_by_payload: OrderedDict[str, str] = OrderedDict()
+        self._films_by_url: OrderedDict[str, str] = OrderedDict()
         self._running: dict[str, asyncio.Task] = {}
-        self._limiter: CapacityLimiter | None = None  # made on the event loop
+        self._limiter: CapacityLimiter | None = None  # reads at once; made on the event loop
+        self._hashing: CapacityLimiter | None = None  # hashes at once (each holds a copy of its URL's bytes)
 
     async def read(self, url: str) -> IntakeFilm:
         import anyio
 
-        payload = data_url_payload(url, self.max_bytes)
-        key = await anyio.to_thread.run_sync(_payload_key, payload)
+        start = payload_start(url, self.max_bytes)
+        if self._hashing is None:
+            self._hashing = anyio.CapacityLimiter(HASHES_AT_ONCE)
+        key = await anyio.to_thread.run_sync(_url_key, url, limiter=self._hashing)
         film = self._remembered(key)
         if film is not None:
             return film
         task = self._running.get(key)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._read(key, payload))
+            task = asyncio.get_running_loop().create_task(self._read(key, url, start))
             task.add_done_callback(_retrieve)
             self._running[key] = task
         return await asyncio.shield(task)  # a client that leaves does not cancel the others' read
 
     def _remembered(self, key: str) -> IntakeFilm | None:
-        film_key = self._films_by_payload.get(key)
+        film_key = self._films_by_url.get(key)
         if film_key is None:
             return None
-        self._films_by_payload.move_to_end(key)
+        self._films_by_url.move_to_end(key)
         return self.intake.cached(film_key)  # None once the intake's cache has let the film go
 
-    async def _read(self, key: str, payload: str) -> IntakeFilm:
+    async def _read(self, key: str, url: str, start: int) -> IntakeFilm:
         import anyio
 
         if self._limiter is None:
             self._limiter = anyio.CapacityLimiter(self.intake.config.max_decodes)
         try:
-            film = await anyio.to_thread.run_sync(self._read_in_thread, payload, limiter=self._limiter)
+            film = await anyio.to_thread.run_sync(self._read_in_thread, url, start, limiter=self._limiter)
         finally:
             del self._running[key]
-        self._films_by_payload[key] = film.key
-        while len(self._films_by_payload) > PAYLOADS_REMEMBERED:
-            self._films_by_payload.popitem(last=False)
+        self._films_by_url[key] = film.key
+        while len(self._films_by_url) > URLS_REMEMBERED:
+            self._films_by_url.popitem(last=False)
         return film
 
-    def _read_in_thread(self, payload: str) -> IntakeFilm:
+    def _read_in_thread(self, url: str, start: int) -> IntakeFilm:
         from medgemma_xray.intake import FilmRefused
 
-        data = base64_bytes(payload)
+        data = base64_bytes(url, start)
         if len(data) > self.max_bytes:
             raise too_large(self.max_bytes)
         try:
@@ -147,8 +152,9 @@ class FilmReader:
             raise bad_request(str(exc), param="messages", code=exc.code) from None
 
 
-def _payload_key(payload: str) -> str:
-    return hashlib.sha256(payload.encode("ascii", "replace")).hexdigest()
+def _url_key(url: str) -> str:
+    """The hash of the whole data: URL (its header too: the same film declared otherwise is only a cache miss)."""
+    return hashlib.sha256(url.encode("ascii", "replace")).hexdigest()
 
 
 def _retrieve(task: asyncio.Task) -> None:

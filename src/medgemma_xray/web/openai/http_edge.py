@@ -9,17 +9,21 @@ UnicodeEncodeError later, or a 500.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi.routing import APIRoute
 
 from medgemma_xray.web.openai.errors import ApiError, from_service, from_validation
 from medgemma_xray.web.openai.protocol import ChatCompletionRequest, ErrorResponse
 
+if TYPE_CHECKING:
+    from anyio import CapacityLimiter
+
 logger = logging.getLogger(__name__)
 
 JSON_OVERHEAD_BYTES = 1 << 20  # the messages around the film; questions are bounded far below this
 PARSE_IN_THREAD_BYTES = 64 << 10  # a larger body (a film) is parsed off the event loop
+PARSES_AT_ONCE = 4
 OPENAPI_TITLE = "MedGemma X-Ray assistant: OpenAI-compatible API"
 OPENAPI_VERSION = "1"
 
@@ -77,22 +81,45 @@ def register_any_path() -> None:
     register_url_convertor("any_path", AnyPath())
 
 
-def body_limit(settings) -> int:
-    return settings.max_file_size_bytes * 4 // 3 + JSON_OVERHEAD_BYTES
+class BodyReader:
+    """A chat request's body, read under a size limit and parsed into the typed request. A large body (one that
+    carries a film) is parsed on a worker thread, at most PARSES_AT_ONCE at a time: parsing holds the body twice
+    more (pydantic's string and Python's), and forty requests with a 6000 x 6000 film at once must not."""
+
+    def __init__(self, settings) -> None:
+        self.max_bytes = settings.max_file_size_bytes * 4 // 3 + JSON_OVERHEAD_BYTES
+        self._limiter: CapacityLimiter | None = None  # made on the event loop
+
+    async def chat_request(self, request) -> ChatCompletionRequest:
+        from pydantic import ValidationError
+
+        body = await read_body(request, self.max_bytes)
+        try:
+            if len(body) < PARSE_IN_THREAD_BYTES:
+                return ChatCompletionRequest.model_validate_json(body)
+            import anyio
+
+            if self._limiter is None:
+                self._limiter = anyio.CapacityLimiter(PARSES_AT_ONCE)
+            return await anyio.to_thread.run_sync(
+                ChatCompletionRequest.model_validate_json, body, limiter=self._limiter
+            )
+        except ValidationError as exc:
+            raise from_validation(exc) from None
 
 
-async def read_body(request, max_bytes: int) -> bytes:
-    """The request body, refused with 413 as soon as it is known to exceed max_bytes."""
+async def read_body(request, max_bytes: int) -> bytearray:
+    """The request body (one buffer, grown in place: never held twice), refused with 413 as soon as it is known to
+    exceed max_bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large(max_bytes)
-    chunks, size = [], 0
+    body = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
+        if len(body) + len(chunk) > max_bytes:
             raise too_large(max_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        body += chunk
+    return body
 
 
 def too_large(max_bytes: int) -> ApiError:
@@ -101,20 +128,6 @@ def too_large(max_bytes: int) -> ApiError:
         f"The request is larger than {max_bytes / 2**20:.0f} MiB; send one film per request, within MAX_FILE_SIZE_MB.",
         code="request_too_large",
     )
-
-
-async def chat_request(request, max_bytes: int) -> ChatCompletionRequest:
-    from pydantic import ValidationError
-
-    body = await read_body(request, max_bytes)
-    try:
-        if len(body) < PARSE_IN_THREAD_BYTES:
-            return ChatCompletionRequest.model_validate_json(body)
-        import anyio
-
-        return await anyio.to_thread.run_sync(ChatCompletionRequest.model_validate_json, body)
-    except ValidationError as exc:
-        raise from_validation(exc) from None
 
 
 def openapi_document(routes) -> dict[str, Any]:
