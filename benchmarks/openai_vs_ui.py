@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoint against the UI's path, through one service and one scheduler (issue 22's row).
+"""The OpenAI-compatible endpoint against the UI's path, through one service and one scheduler.
 
     python -m benchmarks.openai_vs_ui --random-weights --requests 10 --users 1,16,48 --answers-per-user 4 --output DIR
 
