@@ -16,8 +16,10 @@ conversation; Stop. Where a case cannot apply to a door, its parameter says why 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -50,7 +52,8 @@ CASES = {
     "control_markers": ("question", MARKERS, "control marker of the model's chat format"),
     "image_tokens": ("question", IMAGE_TOKENS, "contains <image_soft_token>"),
     "twenty_five_questions": ("conversation", 25, f"limit of {MAX_TURNS} questions"),
-    "ten_megabyte_question": ("question", TEN_MEGABYTES, "too long"),
+    # The pages' HTTP edge refuses a JSON body over 2 MiB ("too large"); the API reads it and asking refuses it.
+    "ten_megabyte_question": ("question", TEN_MEGABYTES, "too long|too large"),
     "noise_png": ("film", "noise", NOT_A_CHEST_FILM),
     "text_page": ("film", "text", NOT_A_CHEST_FILM),
     "natural_photo": ("film", "natural", NOT_A_CHEST_FILM),
@@ -125,7 +128,7 @@ class PageDoor:
         try:
             client.predict(handle_file(str(path)), api_name=self.upload_api)
         except Exception as exc:
-            raise Refused(str(exc)) from exc
+            raise Refused(_said(exc)) from exc
         return client
 
     def ask(self, client: Client, question: str) -> None:
@@ -136,7 +139,7 @@ class PageDoor:
             try:
                 job.result()
             except Exception as exc:
-                raise Refused(str(exc)) from exc
+                raise Refused(_said(exc)) from exc
         client.predict(api_name=self.stop_api)
         chat = job.result(timeout=300)[0]
         assert "Stopped" in _text(chat[-1]), chat[-1]
@@ -153,6 +156,16 @@ class PageDoor:
         assert "Stopped" in _text(chat[-1]) and len(_text(chat[-1])) > len("Stopped"), chat[-1]
         if self.metrics:
             wait_until(lambda: running_answers(self.url) == 0)
+
+
+def _said(exc: Exception) -> str:
+    """What the door said: the error's message, and the body of an HTTP refusal (the edge's own words)."""
+    response = getattr(exc, "response", None)
+    body = ""
+    if response is not None:
+        with contextlib.suppress(Exception):
+            body = response.read().decode(errors="replace")
+    return f"{exc} {body}".strip()
 
 
 def _text(message: dict) -> str:
@@ -219,7 +232,8 @@ class ApiDoor:
 
     def ask(self, conversation: dict, question: str) -> None:
         reply = self._create(conversation, question, stream=False)
-        conversation["id"] = reply.model_extra["medgemma"]["conversation_id"]  # the server's id, bound to us
+        # The server may issue its own conversation id (returned in the answer's extension): continue with it.
+        conversation["id"] = reply.model_extra["medgemma"].get("conversation_id", conversation["id"])
         conversation["messages"] = [
             *self._messages(conversation, question),
             {"role": "assistant", "content": reply.choices[0].message.content},
@@ -228,8 +242,8 @@ class ApiDoor:
     def start(self, conversation: dict, question: str):
         stream = self._create(conversation, question, stream=True, max_tokens=LONG_ANSWER)
         for chunk in stream:
-            if (chunk.model_extra or {}).get("medgemma"):  # the first chunk: the id to continue with
-                conversation["id"] = chunk.model_extra["medgemma"]["conversation_id"]
+            if (chunk.model_extra or {}).get("medgemma"):
+                conversation["id"] = chunk.model_extra["medgemma"].get("conversation_id", conversation["id"])
             if chunk.choices and chunk.choices[0].delta.content:
                 return stream
         raise AssertionError("the answer ended before it wrote anything")
@@ -343,7 +357,7 @@ def batch_case(case: str, tmp_path: Path, random_model_dir: Path) -> None:
     if kind == "question":
         done, records = run_batch_cli(tmp_path, ["Is there an effusion?", value], random_model_dir)
         assert done.returncode == 2, done.stderr[-2000:]
-        assert "question 2 of --questions" in done.stderr and expected in done.stderr, done.stderr[-2000:]
+        assert "question 2 of --questions" in done.stderr and re.search(expected, done.stderr), done.stderr[-2000:]
         assert records == {}, "the run started although a question breaks the rules"
         return
     hostile_name, hostile = film_bytes(value)
@@ -351,7 +365,7 @@ def batch_case(case: str, tmp_path: Path, random_model_dir: Path) -> None:
     done, records = run_batch_cli(tmp_path, ["Is there an effusion?"], random_model_dir)
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     refused = records[hostile_name]
-    assert refused["status"] == "error" and expected in refused["error"]["message"], refused
+    assert refused["status"] == "error" and re.search(expected, refused["error"]["message"]), refused
     assert refused["error"]["code"] == ("image_too_large" if value == "bomb" else "not_a_chest_film"), refused
     assert records[name]["status"] == "ok", records[name]
     assert "failed films in this folder: 1" in done.stdout, done.stdout
@@ -367,13 +381,13 @@ def test_every_door_keeps_the_rule(door_name, case, door, tmp_path, request):
     if kind == "film":
         with pytest.raises(Refused) as refused:
             door.open(value, tmp_path)  # (the API reads the film with the conversation's first question)
-        assert expected in str(refused.value), str(refused.value)[:500]
+        assert re.search(expected, str(refused.value)), str(refused.value)[:500]
         return
     conversation = door.open("phantom", tmp_path)
     if kind == "question":
         with pytest.raises(Refused) as refused:
             door.ask(conversation, value)
-        assert expected in str(refused.value), str(refused.value)[:500]
+        assert re.search(expected, str(refused.value)), str(refused.value)[:500]
         door.ask(conversation, "Is there an effusion?")  # the conversation goes on after the refusal
     elif kind == "conversation":
         refusals = []
@@ -383,13 +397,13 @@ def test_every_door_keeps_the_rule(door_name, case, door, tmp_path, request):
             except Refused as exc:
                 refusals.append((number + 1, str(exc)))
         assert [number for number, _ in refusals] == list(range(MAX_TURNS + 1, value + 1)), refusals[:3]
-        assert all(expected in message for _, message in refusals), refusals[0]
+        assert all(re.search(expected, message) for _, message in refusals), refusals[0]
     elif kind == "concurrency":
         first = door.start(conversation, "Describe the film in detail.")
         try:
             with pytest.raises(Refused) as refused:
                 door.ask(conversation, "And the heart?")
-            assert expected in str(refused.value), str(refused.value)[:500]
+            assert re.search(expected, str(refused.value)), str(refused.value)[:500]
         finally:
             door.stop_and_check(conversation, first)
     else:  # stop

@@ -33,15 +33,19 @@ def film(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, random_model_dir) -> ServerProcess:
+    # The random-weight demo writes every one of MAX_NEW_TOKENS, and the paced server floors each decode step at
+    # TEST_DECODE_PACE_S: an answer lasts at least 48 s on any machine, so a question sent while it streams finds
+    # it still running, however fast or loaded the machine is.
     env = {
-        "MODEL_PATH": str(random_model_dir),  # answers run to MAX_NEW_TOKENS: long enough to overlap
+        "MODEL_PATH": str(random_model_dir),
         "MAX_NEW_TOKENS": "48",
+        "TEST_DECODE_PACE_S": "1.0",
         "MAX_FILES_PER_REQUEST": "4",
         "UPLOAD_CACHE_MAX_MB": "16",
         "UPLOAD_MAX_AGE_S": "10",
         "MAX_FILE_SIZE_MB": "8",
     }
-    server = start_server(tmp_path_factory.mktemp("hostile"), env=env)
+    server = start_server(tmp_path_factory.mktemp("hostile"), env=env, script="tests/support/paced_server.py")
     yield server
     server.stop()
 
@@ -90,16 +94,48 @@ def test_an_upload_is_never_served_back(server):
 
 
 def test_a_second_question_in_one_session_is_told_to_wait(server, film):
+    """Ask while an answer runs: refused at once with a message that says to wait or press Stop; the running answer
+    is untouched, Stop ends it where it got to, and the next question is then taken."""
     client = Client(server.url, verbose=False)
     client.predict(handle_file(str(film)), api_name="/upload_film")
     first = client.submit("Describe the film in detail.", api_name="/ask")
     deadline = time.monotonic() + 120
-    while not first.outputs() and time.monotonic() < deadline:  # the first answer is streaming
+    while not _streamed_text(first) and time.monotonic() < deadline:  # the first answer is streaming
         time.sleep(0.05)
-    with pytest.raises(Exception, match="Wait for the answer to your last question"):
+    assert _streamed_text(first), "the first answer never started"
+    with pytest.raises(Exception, match=r"still running\. Wait for it to finish \(or press Stop\)"):
         client.predict("And the heart?", api_name="/ask")
+    assert not first.done(), "the refusal ended the running answer"
+    client.predict(api_name="/stop")
     chat = first.result(timeout=300)[0]
     assert [turn["role"] for turn in chat] == ["user", "assistant"]
+    assert "Stopped." in str(chat[-1]["content"])
+    follow_up = client.submit("And the heart?", api_name="/ask")  # taken now that nothing runs
+    while not _streamed_text(follow_up) and not follow_up.done() and time.monotonic() < deadline + 120:
+        time.sleep(0.05)
+    client.predict(api_name="/stop")
+    assert [turn["role"] for turn in follow_up.result(timeout=300)[0]] == ["user", "assistant"] * 2
+
+
+def test_an_example_index_out_of_range_gets_a_clean_message(server):
+    """load_example with an index of 10^9: a message naming the examples there are, no IndexError traceback."""
+    from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS
+
+    client = Client(server.url, verbose=False)
+    with pytest.raises(Exception, match="There is no example question 1000000000; pick one of the 6 shown"):
+        client.predict(10**9, api_name="/load_example")
+    assert client.predict(2, api_name="/load_example") == EXAMPLE_QUESTIONS[2]
+    assert "IndexError" not in server.log_text and "Traceback" not in server.log_text
+
+
+def _streamed_text(job) -> str:
+    outputs = job.outputs()
+    if not outputs:
+        return ""
+    last = outputs[-1][0][-1]
+    content = last["content"]
+    text = " ".join(p.get("text", "") for p in content) if isinstance(content, list) else str(content)
+    return text.strip() if last["role"] == "assistant" else ""
 
 
 def test_malformed_calls_get_clean_400s_and_leave_no_trace_of_the_input(server):

@@ -62,7 +62,7 @@ def test_the_three_refusals_each_say_what_to_do():
         assert str(refused.value) == str(refused.value.__cause__)  # the loader's own message, which names the fix
     with pytest.raises(FilmTooLarge, match="larger than the 4 MiB limit") as too_big:
         intake.read(b"\0" * (5 << 20))
-    assert too_big.value.http_status == 413 and too_big.value.code == "image_too_large"
+    assert too_big.value.http_status == 400 and too_big.value.code == "image_too_large"
     ct = dicom_bytes(quantize(chest_phantom(128, 112), 12), bits_stored=12, modality="CT")
     with pytest.raises(NotAnImage, match="The modality is CT"):
         intake.read(ct)

@@ -35,10 +35,10 @@ class NotAChestFilm(FilmRefused):
 
 class FilmTooLarge(FilmRefused):
     """More bytes or pixels than the server's limits (MAX_FILE_SIZE_MB, MAX_PIXELS), refused before decoding, or
-    a film that ran the decoder out of memory."""
+    a film that ran the decoder out of memory. A 400 like every input error of the API (its code tells it apart);
+    413 is the HTTP edge's, for a request body over the transport limit."""
 
     code = "image_too_large"
-    http_status = 413
 
 
 def refusal_for(exc: ImageInputError) -> FilmRefused:

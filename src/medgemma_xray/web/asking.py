@@ -155,6 +155,7 @@ class AnswerTicket:
     stop_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     stopped: threading.Event = field(default_factory=threading.Event)
     superseded: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)  # set when the answer's door released it
 
 
 class Asking:
@@ -241,6 +242,7 @@ class Asking:
             if self._by_conversation.get(ticket.conversation_id) is ticket:
                 del self._by_conversation[ticket.conversation_id]
             self._by_token.pop(ticket.stop_token, None)
+        ticket.finished.set()
 
     @contextlib.contextmanager
     def answering(self, conversation_id: str | None) -> Iterator[AnswerTicket]:
@@ -266,15 +268,21 @@ class Asking:
         ticket.stopped.set()
         return True
 
-    def end_conversation(self, conversation_id: str) -> bool:
+    def end_conversation(self, conversation_id: str, wait_s: float = 0.0) -> bool:
         """The film, the case or the conversation changed (×, a new upload, New case, a cleared chat, a closed tab):
-        its running answer stops, and its door writes nothing more into the session. False when none runs."""
+        its running answer stops, and its door writes nothing more into the session. False when none runs.
+
+        wait_s: wait (at most this long) until the answer's door has released it. A page's stream may have handed
+        Gradio one last update before it saw the stop; once the stream has ended, that update is already on its
+        way to the browser, so the page's own reply (an empty chat) arrives after it, not before."""
         with self._lock:
             ticket = self._by_conversation.get(conversation_id)
         if ticket is None:
             return False
         ticket.superseded = True
         ticket.stopped.set()
+        if wait_s > 0 and not ticket.finished.wait(wait_s):
+            logger.warning("an ended conversation's answer did not stop within %.0f s", wait_s)
         return True
 
     def running(self) -> int:

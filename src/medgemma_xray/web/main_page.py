@@ -21,6 +21,7 @@ from medgemma_xray.assistant.film_notes import film_notes_markdown
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
+from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
 from medgemma_xray.web.page_wiring import PageEvents
 
 if TYPE_CHECKING:
@@ -41,19 +42,7 @@ PREVIEW_ALT = "The uploaded chest film as the model sees it: grey-scale, padded 
 ANSWER_STOPPED = "*Stopped. Ask again or ask another question.*"
 REPORT_STOPPED = "*Stopped before the report was complete. Press Structured report to write it again.*"
 NO_FILM = "Upload a chest X-ray first, then ask about it."
-# Styles the theme lacks: Ask, Reveal and Stop with text at >= 4.5:1 contrast (the theme's orange gives 2.8:1, its
-# red 3.8:1), and no download link on an upload's chip (the upload is deleted once read: it could only answer 403).
-# Both pages share these (the teaching page is a route of the same Blocks).
-PAGE_CSS = """
-#ask, #ask:hover, #teach-ask, #teach-ask:hover, #teach-reveal, #teach-reveal:hover
-  { background: #9a3412; border-color: #9a3412; color: #ffffff; }
-#stop, #stop:hover, #teach-stop, #teach-stop:hover { background: #b91c1c; border-color: #b91c1c; color: #ffffff; }
-#case-tabs button[role="tab"][aria-selected="true"] { color: #9a3412; }
-footer .show-api, footer .built-with, footer .settings { color: #4b5563; }
-a[data-sveltekit-reload] { color: #374151 !important; }  /* the page links (main, /teaching) Gradio draws on top */
-#film-upload td.download, #teach-upload td.download, #teach-key td.download { display: none; }
-.answer-details summary { cursor: pointer; }
-"""
+END_WAIT_S = 10.0  # how long clearing a case waits for its running answer to end (one token, normally)
 # After an answer has streamed, bring its first line into view (on a phone the chat box starts below the fold).
 SHOW_LAST_ANSWER_JS = """
 () => {
@@ -117,12 +106,13 @@ def _hidden():
     return gr.update(**HIDDEN)
 
 
-def _end_case(page: MainPage, session: SessionSlot[Case], case: Case) -> None:
-    """The case leaves the screen: its running answer or report stops (and writes nothing more), its KV is freed,
-    and its report files go."""
+def _end_case(page: MainPage, session: SessionSlot[Case], case: Case, wait_s: float = END_WAIT_S) -> None:
+    """The case leaves the screen: its running answer or report stops (and writes nothing more; the screen's reply
+    waits for its stream to end, so no last update of it lands after the reply), its KV is freed, and its report
+    files go."""
     from medgemma_xray.assistant.report_export import remove_report_files
 
-    page.asking.end_conversation(case.conversation_id)
+    page.asking.end_conversation(case.conversation_id, wait_s=wait_s)
     page.service.forget_conversation(case.conversation_id)
     remove_report_files(session.exports)
     session.exports = None
@@ -143,13 +133,15 @@ def _cleared_screen() -> dict[str, Any]:
 CLEARED = ["preview", "notes", "chat", "report_box", "report_json", "report_md", "session"]
 
 
-@EVENTS.on(["upload.upload"], inputs=["session"], outputs=CLEARED, queue=False)
+# Queued (never limited), as the answers are: the screen's replies and an answer's updates share one event
+# stream, so they reach the browser in the order they were sent.
+@EVENTS.on(["upload.upload"], inputs=["session"], outputs=CLEARED, concurrency_limit=None)
 def clear_before_upload(page: MainPage, values: dict) -> dict:
     """The screen and the model's state are cleared first, so a failed upload leaves no film active."""
     return clear_case(page, values)
 
 
-@EVENTS.on(["upload.clear"], inputs=["session"], outputs=CLEARED, api_name="clear_film")
+@EVENTS.on(["upload.clear"], inputs=["session"], outputs=CLEARED, concurrency_limit=None, api_name="clear_film")
 def clear_case(page: MainPage, values: dict) -> dict:
     """Clearing the upload clears the case: film, conversation, its cached KV, the last report."""
     session = _session(values)
@@ -287,13 +279,13 @@ def stop(page: MainPage, values: dict) -> dict:
     return {}
 
 
-@EVENTS.on(["chat.clear"], inputs=["session"], outputs=["session"], api_name="clear_chat")
+@EVENTS.on(["chat.clear"], inputs=["session"], outputs=["session"], concurrency_limit=None, api_name="clear_chat")
 def new_conversation(page: MainPage, values: dict) -> dict:
     """The chat's clear (trash) icon: the same film, a fresh conversation; the old one's answer stops and its KV
     is freed."""
     session = _session(values)
     case = session.value
-    page.asking.end_conversation(case.conversation_id)
+    page.asking.end_conversation(case.conversation_id, wait_s=END_WAIT_S)
     page.service.forget_conversation(case.conversation_id)
     session.replace_if(case, case.new_conversation())
     return {"session": session}
@@ -392,7 +384,7 @@ def report(page: MainPage, values: dict, request) -> Any:
 
 # --- the case as a whole -----------------------------------------------------------------------------------------
 @EVENTS.on(["new_case_button.click"], inputs=["session"], outputs=["upload", "question", *CLEARED],
-           api_name="new_case")  # fmt: skip
+           concurrency_limit=None, api_name="new_case")  # fmt: skip
 def new_case(page: MainPage, values: dict) -> dict:
     return {**clear_case(page, values), "upload": None, "question": ""}
 
@@ -411,7 +403,7 @@ def load_example(page: MainPage, values: dict) -> dict:
     return {"question": EXAMPLE_QUESTIONS[index]}
 
 
-@EVENTS.on(["blocks.load"], outputs=["badge"], api_name="model_badge")
+@EVENTS.on(["blocks.load"], outputs=["badge"], js=ACCESSIBILITY_JS, api_name="model_badge")
 def show_badge(page: MainPage, values: dict) -> dict:
     return {"badge": badge_markdown(page.service)}
 
@@ -424,7 +416,7 @@ def refresh_badge(page: MainPage, values: dict) -> dict:
 def session_ended(page: MainPage, state: object) -> None:
     """A closed tab (or an expired session): its running answer stops, its KV and report files go."""
     if isinstance(state, SessionSlot) and isinstance(state.value, Case):
-        _end_case(page, state, state.value)
+        _end_case(page, state, state.value, wait_s=0)  # nothing is left on screen to keep in order
 
 
 def _client_of(request) -> str | None:
@@ -449,7 +441,7 @@ def build_main_page(service: InferenceSurface, uploads: UploadInbox, intake: Fil
     ) as demo:
         ui["blocks"] = demo
         ui["session"] = gr.State(SessionSlot(Case()), delete_callback=lambda state: session_ended(page, state))
-        gr.HTML(f"<style>{PAGE_CSS}</style>", padding=False, container=False)
+        gr.HTML(PAGE_STYLE, padding=False, container=False)
         gr.Markdown("# MedGemma X-Ray assistant\n" + DISCLAIMER)
         ui["badge"] = gr.Markdown(badge_markdown(service), elem_id="model-badge")
         with gr.Row():

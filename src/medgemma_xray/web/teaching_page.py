@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round, round_of, upload_names
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
+from medgemma_xray.web.page_style import ACCESSIBILITY_JS, PAGE_STYLE
 from medgemma_xray.web.page_wiring import PageEvents
 
 if TYPE_CHECKING:
@@ -384,10 +385,11 @@ def _preview_of(image):
     return preview
 
 
-def _leave_round(page: TeachingPage, held: TeachingSession) -> None:
-    """The case on screen is replaced: its running answer or report stops and writes nothing more; KV freed."""
+def _leave_round(page: TeachingPage, held: TeachingSession, wait_s: float = 10.0) -> None:
+    """The case on screen is replaced: its running answer or report stops and writes nothing more (the new case's
+    reply waits for its stream to end, so no last update of it lands after); its KV is freed."""
     if held.current is not None:
-        page.asking.end_conversation(held.current.conversation_id)
+        page.asking.end_conversation(held.current.conversation_id, wait_s=wait_s)
         page.service.forget_conversation(held.current.conversation_id)
 
 
@@ -499,7 +501,8 @@ def upload_key(page: TeachingPage, values: dict) -> dict:
     return {"case_info": _case_markdown(keyed), "session": session}
 
 
-@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=SHORTCUT_JS, api_name="teaching_cases")
+@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=f"() => {{ ({SHORTCUT_JS})(); ({ACCESSIBILITY_JS})(); }}",
+           api_name="teaching_cases")  # fmt: skip
 def list_cases(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
@@ -722,7 +725,7 @@ EVENTS.js("projector_layout", ["projector.click"], PROJECTOR_JS)
 def session_ended(page: TeachingPage, state: object) -> None:
     """A closed tab (or an expired session): its running answer stops and its KV is freed."""
     if isinstance(state, SessionSlot) and isinstance(state.value, TeachingSession):
-        _leave_round(page, state.value)
+        _leave_round(page, state.value, wait_s=0)
 
 
 # --- the layout ----------------------------------------------------------------------------------------------------
@@ -740,6 +743,7 @@ def add_teaching_page(
     with demo.route("Teaching rounds", "/teaching") as route:
         ui["route"] = route
         ui["session"] = gr.State(SessionSlot(TeachingSession()), delete_callback=lambda s: session_ended(page, s))
+        gr.HTML(PAGE_STYLE, padding=False, container=False)
         gr.Markdown(
             "# Teaching rounds\n**For education and research only. Not a medical device and not for diagnosis.** "
             "Keys: 1 lung, 2 mediastinum, 3 bone, 0 the file's window, I invert, +/− zoom, R reset, P projector."
@@ -800,7 +804,9 @@ def add_teaching_page(
                     buttons=["fullscreen"],
                     elem_id="teach-model-view",
                 )
-                ui["chat"] = gr.Chatbot(label="Questions", height=300, elem_id="teach-chat")
+                ui["chat"] = gr.Chatbot(
+                    label="Questions", height=300, buttons=["copy", "copy_all"], elem_id="teach-chat"
+                )  # (the default set has an unnamed icon button)
                 ui["question"] = gr.Textbox(label="Question", elem_id="teach-question")
                 ui["asked"] = gr.Textbox(label="Question", visible=False, elem_id="teach-asked")
                 with gr.Row():
