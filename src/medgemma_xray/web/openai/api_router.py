@@ -55,6 +55,5 @@ async def openapi_schema():
 
 @router.api_route("/v1/{path:any_path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
 async def no_such_route(path: str, raw_request: Request):
-    raise not_a_route(
-        raw_request.method, raw_request.scope["path"], router.routes
-    )  # not url.path: it drops line breaks
+    # scope["path"], not url.path: url.path drops line breaks, and "/v1/chat%0A/completions" is no route
+    raise not_a_route(raw_request.method, raw_request.scope["path"], router.routes)
