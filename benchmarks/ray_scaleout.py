@@ -101,6 +101,7 @@ def ask(client, url: str, model: str, messages: list, tokens: int, conversation:
         "tokens": answer["usage"]["completion_tokens"],
         "reused": answer["usage"]["prompt_tokens_details"]["cached_tokens"],
         "replica": extension.get("replica"),
+        "conversation_id": extension.get("conversation_id"),  # the server's id, to continue the conversation with
         "ttft_s": extension.get("ttft_s"),
         "decode_ms": extension.get("decode_ms_per_token"),
         "total_s": time.perf_counter() - started,
@@ -164,14 +165,15 @@ def run_workloads(client, url: str, model: str, args) -> dict:
 
     def teaching(index: int) -> list:
         messages = [first_message(films[index % len(films)], workload.QUESTION)]
-        turns = []
+        turns: list[dict] = []
         for follow_up in ("", *workload.FOLLOW_UPS):
             if follow_up:
                 messages += [
                     {"role": "assistant", "content": turns[-1]["text"]},
                     {"role": "user", "content": follow_up},
                 ]
-            turns.append(ask(client, url, model, messages, args.turn_tokens, conversation=f"round-{index}"))
+            conversation = turns[-1]["conversation_id"] if turns else f"round-{index}"
+            turns.append(ask(client, url, model, messages, args.turn_tokens, conversation=conversation))
         return turns
 
     rounds, round_failures, round_wall = in_threads(users, teaching)

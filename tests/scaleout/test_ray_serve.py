@@ -126,6 +126,7 @@ class Conversation:
             model=self.model, messages=self.messages, max_tokens=max_tokens, extra_body={"conversation_id": self.id}
         )
         extension = reply.model_extra["medgemma"]
+        self.id = extension["conversation_id"]  # the id the server issued: follow-ups continue with it
         self.messages.append({"role": "assistant", "content": reply.choices[0].message.content})
         self.messages.append({"role": "user", "content": f"And question {len(self.answers) + 2}?"})
         record = {"replica": extension["replica"], "reused": reply.usage.prompt_tokens_details.cached_tokens}

@@ -1,6 +1,6 @@
 """The OpenAI-compatible API on a real server, through the official openai client: streaming and not, PNG and
 DICOM films as data: URLs, log-probabilities and confidence, a follow-up that reuses the conversation's KV, refused
-remote URLs and bad files in OpenAI's error shape, the login as a bearer token, and a full queue (429 with
+remote URLs and bad files in OpenAI's error shape, the login as a bearer token, and a full queue (503 with
 Retry-After). The server runs the random-weight demo (answers run to max_tokens), one decoding slot, a queue of one.
 """
 
@@ -58,6 +58,7 @@ def film_message(url: str, question: str) -> dict:
 def server(tmp_path_factory, random_model_dir):
     folder = tmp_path_factory.mktemp("openai")
     add_user(folder / "credentials", "teacher", PASSWORD)
+    add_user(folder / "credentials", "resident", PASSWORD)
     env = {
         "MODEL_PATH": str(random_model_dir),
         "AUTH_FILE": str(folder / "credentials"),
@@ -79,6 +80,7 @@ def client(server) -> openai.OpenAI:
 def model(client) -> str:
     models = client.models.list().data
     assert len(models) == 1 and models[0].owned_by == "medgemma-xray-assistant"
+    assert models[0].id == "medgemma-xray-demo", "a plain id; what serves is described beside it"
     return models[0].id
 
 
@@ -119,10 +121,12 @@ def test_a_dicom_follow_up_reuses_the_conversation_and_no_identifier_reaches_the
         model=model, messages=first, max_tokens=6, extra_body={"conversation_id": "case-17"}
     )
     assert answer.usage.prompt_tokens_details.cached_tokens == 0
+    issued = answer.model_extra["medgemma"]["conversation_id"]
+    assert issued.startswith("mgx-"), "the server issues the conversation's id"
     follow_up = [*first, {"role": "assistant", "content": answer.choices[0].message.content}]
     follow_up.append({"role": "user", "content": "And the heart?"})
     stream = client.chat.completions.create(
-        model=model, messages=follow_up, max_tokens=6, stream=True, extra_body={"conversation_id": "case-17"}
+        model=model, messages=follow_up, max_tokens=6, stream=True, extra_body={"conversation_id": issued}
     )
     final = [c for c in stream if c.choices and c.choices[0].finish_reason][0]
     reused = final.model_extra["medgemma"]["reused_tokens"]
@@ -134,24 +138,45 @@ def test_a_dicom_follow_up_reuses_the_conversation_and_no_identifier_reaches_the
 
 
 @pytest.mark.parametrize(
-    "url, expected",
+    "url, expected, code",
     [
-        ("https://example.org/film.png", "this server fetches nothing"),
-        ("http://127.0.0.1:1/film.dcm", "this server fetches nothing"),
-        (data_url("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG"),
-        (data_url("application/dicom", b"\0" * 128 + b"DICM" + b"\x02\x00"), "DICOM"),
-        ("data:image/png;base64,@@@not-base64@@@", "base64 payload is damaged"),
-        (data_url("image/png", noise_png()), "does not look like a frontal chest X-ray"),
+        ("https://example.org/film.png", "this server fetches nothing", "remote_image_url_refused"),
+        ("http://127.0.0.1:1/film.dcm", "this server fetches nothing", "remote_image_url_refused"),
+        (data_url("image/png", b"\x89PNG\r\n\x1a\n" + b"\0" * 64), "PNG", "not_an_image"),
+        (data_url("application/dicom", b"\0" * 128 + b"DICM" + b"\x02\x00"), "DICOM", "not_an_image"),
+        ("data:image/png;base64,@@@not-base64@@@", "base64 payload is damaged", "invalid_image_url"),
+        (data_url("image/png", noise_png()), "does not look like a frontal chest X-ray", "not_a_chest_film"),
     ],
     ids=["https", "http", "truncated-png", "truncated-dicom", "bad-base64", "noise-not-a-chest-film"],
 )
-def test_remote_urls_and_bad_files_are_refused_in_openai_shape(client, model, url, expected):
+def test_remote_urls_and_bad_files_are_refused_in_openai_shape(client, model, url, expected, code):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=model, messages=[film_message(url, "Findings?")], max_tokens=4)
     error = refused.value.body
     assert expected.lower() in error["message"].lower(), error
+    assert error["code"] == code, error
     assert refused.value.response.json()["error"]["type"] == "invalid_request_error"
     assert "Traceback" not in error["message"] and "Internal error" not in error["message"]
+
+
+def test_a_conversation_id_is_bound_to_the_login_that_started_it(client, server, model):
+    first = [film_message(data_url("image/png", png_bytes(quantize(chest_phantom(seed=5), 8))), "Effusion?")]
+    answer = client.chat.completions.create(
+        model=model, messages=first, max_tokens=2, extra_body={"conversation_id": "a"}
+    )
+    issued = answer.model_extra["medgemma"]["conversation_id"]
+    follow_up = [*first, {"role": "assistant", "content": answer.choices[0].message.content}]
+    follow_up.append({"role": "user", "content": "Which side?"})
+    resident = openai.OpenAI(base_url=f"{server.url}/v1", api_key=f"resident:{PASSWORD}", max_retries=0, timeout=120)
+    other = resident.chat.completions.create(
+        model=model, messages=follow_up, max_tokens=2, extra_body={"conversation_id": issued}
+    )
+    assert other.usage.prompt_tokens_details.cached_tokens == 0, "another login learns nothing from the teacher's KV"
+    assert other.model_extra["medgemma"]["conversation_id"] != issued
+    own = client.chat.completions.create(
+        model=model, messages=follow_up, max_tokens=2, extra_body={"conversation_id": issued}
+    )
+    assert own.usage.prompt_tokens_details.cached_tokens > 0
 
 
 def test_the_login_is_a_bearer_token(server, model):
@@ -165,7 +190,7 @@ def test_the_login_is_a_bearer_token(server, model):
     assert PASSWORD not in server.log_text
 
 
-def test_a_full_queue_is_429_with_retry_after(client, model, server):
+def test_a_full_queue_is_503_with_retry_after(client, model, server):
     film = data_url("image/png", png_bytes(quantize(chest_phantom(seed=4), 8)))
     started, streams = threading.Event(), []
 
@@ -189,15 +214,16 @@ def test_a_full_queue_is_429_with_retry_after(client, model, server):
                 json={"model": model, "messages": [film_message(film, "Anything?")], "max_tokens": 2},
                 timeout=60,
             )
-            if reply.status_code == 429:
+            if reply.status_code == 503:
                 refused = reply
                 break
             assert reply.status_code == 200, reply.text
         assert refused is not None, "the third request was never refused"
         assert refused.headers["retry-after"] == "60"
         assert refused.json()["error"]["code"] == "server_busy" and "retry" in refused.json()["error"]["message"]
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.InternalServerError) as busy:  # the openai client's class for any 5xx
             client.chat.completions.create(model=model, messages=[film_message(film, "Anything?")], max_tokens=2)
+        assert busy.value.status_code == 503 and busy.value.body["code"] == "server_busy"
     finally:
         for stream in streams:
             stream.close()  # closing the connection cancels the answer and frees the slot

@@ -66,9 +66,7 @@ def build_http_app(
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
-    from medgemma_xray.web.openai_api import (
-        add_openai_routes,  # the OpenAI-compatible API (issue 22), before Gradio's "/"
-    )
+    from medgemma_xray.web.openai import add_openai_routes  # the OpenAI-compatible API, before Gradio's "/"
 
     add_openai_routes(api, service, auth)
     settings = service.settings
