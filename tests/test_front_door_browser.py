@@ -207,12 +207,14 @@ def newest_axe() -> str:
 
 
 SETTLED = """() => !document.querySelector('.pending, .generating')
+  && !document.getAnimations().some((a) => a instanceof CSSTransition)
   && [...document.querySelectorAll('button.gallery-item')].every((b) => b.innerText.trim().length > 0)"""
 
 
 def violations(page, script: str) -> list[dict]:
     """axe-core's critical and serious rules on the page as a person sees it: once no event is updating it (Gradio
-    dims outputs while an event runs) and the example questions have drawn their text."""
+    dims outputs while an event runs), the dimmed outputs have faded back in (a fading text measures as low
+    contrast), and the example questions have drawn their text."""
     page.wait_for_function(SETTLED, timeout=120_000)
     page.add_script_tag(content=script)
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")

@@ -142,7 +142,10 @@ class PageDoor:
                 raise Refused(_said(exc)) from exc
         client.predict(api_name=self.stop_api)
         chat = job.result(timeout=300)[0]
-        assert "Stopped" in _text(chat[-1]), chat[-1]
+        # Stop only saves time here: a short answer may finish before Stop reaches the server. Either way the door
+        # answered (a refusal raises above): the answer was stopped, or it is whole, with its confidence details.
+        said = _text(chat[-1])
+        assert "Stopped" in said or "</details>" in said, chat[-1]
 
     def start(self, client: Client, question: str):
         job = client.submit(question, api_name=self.ask_api)
