@@ -121,3 +121,15 @@ def make_portable_checkout(target: Path) -> Path:
             raise RuntimeError(f"{path} is not readable by other users; the copy must be")
     subprocess.run(["chmod", "-R", "o+rX", str(target)], check=True)
     return target
+
+
+def make_paced_checkout(target: Path) -> Path:
+    """A checkout whose app.py is tests/support/paced_server.py (each decode step takes at least
+    TEST_DECODE_PACE_S), so a test of a time limit gets an answer whose length in seconds does not depend on the
+    machine: the operator scripts start `app.py` of their own checkout. Scripts copied (lib.sh finds the checkout by
+    their real path), the venv linked. Returns the copy's scripts folder."""
+    shutil.copytree(REPO_ROOT / "scripts", target / "scripts")
+    (target / ".venv").symlink_to(REPO_ROOT / ".venv")
+    paced = REPO_ROOT / "tests" / "support" / "paced_server.py"
+    (target / "app.py").write_text(f"import runpy\n\nrunpy.run_path({str(paced)!r}, run_name='__main__')\n")
+    return target / "scripts"

@@ -19,7 +19,7 @@ from gradio_client import Client, handle_file
 from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from medgemma_xray.serving import exit_codes
 from tests.conftest import REPO_ROOT, free_port
-from tests.scripts.harness import Operator
+from tests.scripts.harness import Operator, make_paced_checkout
 
 pytestmark = pytest.mark.slow
 MODEL_LOADED = "PyTorch backend ready in"  # medgemma_xray.serving.service logs this once per model load
@@ -222,10 +222,16 @@ def test_one_drain_timeout_setting_is_read_by_the_app_and_the_stop_script(tmp_pa
 
     film = tmp_path / "film.dcm"
     film.write_bytes(dicom_bytes(quantize(chest_phantom(seed=3), 12), bits_stored=12, window=(2048, 4096)))
-    # A 2048-token answer takes ~50 s on the random-weight model here (it never stops early): far longer than the
-    # 4 s drain.
+    # The random-weight model never stops early, and each step is paced to at least 50 ms: the answer runs for
+    # minutes on any machine, far longer than the 4 s drain (unpaced, a fast idle machine finished it inside it).
     op = Operator(
-        tmp_path / "logs", free_port(), DRAIN_TIMEOUT_S="4", MAX_NEW_TOKENS="2048", MODEL_PATH=str(random_model_dir)
+        tmp_path / "logs",
+        free_port(),
+        scripts=make_paced_checkout(tmp_path / "checkout"),
+        DRAIN_TIMEOUT_S="4",
+        MAX_NEW_TOKENS="2048",
+        TEST_DECODE_PACE_S="0.05",
+        MODEL_PATH=str(random_model_dir),
     )
     answer: dict = {}
 
