@@ -1,4 +1,4 @@
-"""The class-load table (issue 35's rows) from benchmark.py JSON files run side by side: before and after, bf16 and
+"""The class-load table from benchmark.py JSON files run side by side: before and after, bf16 and
 int8 weights, with the targets and how far each figure is from its target; and a plot of the rows that have one.
 
   python3 -m benchmarks.gpu_busy_report before.json after.json --output report.md

@@ -1,4 +1,4 @@
-"""Issue 20 on the GPU, in one process: equality checks of batched, prefix-shared and cached answers against lone
+"""Batched prefill and shared caches on the GPU, in one process: equality checks of batched, prefix-shared and cached answers against lone
 ones, then the many-user workloads through the service's streaming path, with a short table last.
 
   python3 -m benchmarks.h200_batching --output $OUT      # on the GPU host (MedGemma-4B shape, random weights)

@@ -1,4 +1,4 @@
-"""Scale-out on Ray Serve with N replicas, one GPU each (issue 24), through the ingress's OpenAI API.
+"""Scale-out on Ray Serve with N replicas, one GPU each, through the ingress's OpenAI API.
 
     # on a host with N GPUs and the project's ray extra installed (MedGemma-4B shape, random weights, saved once):
     python -m benchmarks.ray_scaleout --replicas 2 --checkpoint /tmp/medgemma-4b-random --output DIR

@@ -1,4 +1,4 @@
-"""One answer at the hardware's limit (issue 21): everything measured in one H200 run, a short table last.
+"""One answer at the hardware's limit: everything measured in one H200 run, a short table last.
 
   python3 -m benchmarks.single_stream --output $OUT [--budget-s 420]
 
@@ -317,7 +317,7 @@ def main() -> int:
     # are the defaults (what FAST_PATH_WEIGHTS serves)
     variants = {
         "fused_bf16": ("bf16", True, False, True),
-        "int8_round2_split_qkv": ("int8", False, True, True),
+        "int8_split_qkv_sum_kernel": ("int8", False, True, True),
         "int8_unsplit_qkv": ("int8", False, False, True),
         "int8_unsplit_qkv_i2f": ("int8", False, False, False),
         "fused_int8": ("int8", True, False, True),
@@ -512,7 +512,7 @@ def main() -> int:
         out: dict = {}
         vision_graph, prefill_graphs = fast._vision_graph, fast._prefill_graphs
         configs = {
-            "round2_paths": (None, None),  # compiled tower, packed prefill: the 2026-12-01 arrangement
+            "compiled_tower_packed_prefill": (None, None),  # compiled tower, packed prefill: the 2026-12-01 arrangement
             "vision_graph_only": (vision_graph, None),
             "both_graphs": (vision_graph, prefill_graphs),
         }

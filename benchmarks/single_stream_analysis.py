@@ -1,4 +1,4 @@
-"""Arithmetic of the single-stream benchmark (issue 21), kept apart from the GPU so CI checks it: the TTFT split
+"""Arithmetic of the single-stream benchmark, kept apart from the GPU so CI checks it: the TTFT split
 into its five parts, and the gaps in a kernel timeline.
 
 TTFT parts (milliseconds, each median of its own runs):

@@ -112,7 +112,7 @@ def dicom_jpeg_with_lying_size(width: int = 60000, height: int = 60000) -> bytes
     return bytes(data)
 
 
-# --- compressed DICOM whose codestream hides its size from a reader of the first bytes (issue 19, section 1) ---
+# --- compressed DICOM whose codestream hides its size from a reader of the first bytes ---
 
 
 def _small_compressed_film(syntax: str):
@@ -211,7 +211,7 @@ COMPRESSED_SIZE_TRICKS = {
 }
 
 
-# --- raster files (issue 19, sections 4 and 6) ---
+# --- raster files ---
 
 
 def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:

@@ -1,4 +1,4 @@
-"""The screen shows the state the model answers from (issue 17, section 1), in headless Chromium (Debian's, driven
+"""The screen shows the state the model answers from, in headless Chromium (Debian's, driven
 by Playwright) against a real server on the demo model: failed and cleared uploads leave no film active, clearing
 the chat starts a new conversation (the backend reuses 0 cached tokens), report exports have distinct names,
 axe-core finds no critical or serious violation, no dead controls, warnings once, and on a phone the answer is in

@@ -1,4 +1,4 @@
-"""Hostile clients on a real server process over HTTP (issue 19, sections 3 and 6): slow connections while a
+"""Hostile clients on a real server process over HTTP: slow connections while a
 normal user works, the upload route's limits, routes the app does not need, uploads never served back, one answer
 per conversation, and clean 400s for malformed calls with nothing of the client's input in the log."""
 

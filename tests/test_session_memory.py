@@ -1,4 +1,4 @@
-"""Memory held per session (issue 19, section 2): 200 API sessions each load a 6000 x 6000 film and go idle. The
+"""Memory held per session: 200 API sessions each load a 6000 x 6000 film and go idle. The
 server's RSS stays under a stated bound while they are idle, and every case is dropped once its state's
 time-to-live has passed (RSS printed; README says how far it falls). Before, each such session held about 178 MiB (the full film and its full-size padded RGB square) until
 10,000 other sessions pushed it out."""
@@ -39,7 +39,7 @@ def big_film_png() -> bytes:
 def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(tmp_path):
     film = tmp_path / "film-6000.png"
     film.write_bytes(big_film_png())
-    # The 6000x6000 film is a phantom scaled far past any real detector, which the film check (issue 17) refuses;
+    # The 6000x6000 film is a phantom scaled far past any real detector, which the film check refuses;
     # this test is about what a session holds once a big film is accepted, so the check is off here.
     env = {"SESSION_TTL_S": str(TTL_S), "MAX_NEW_TOKENS": "4", "FILM_CHECK": "off"}
     server = start_server(tmp_path / "logs", env=env)

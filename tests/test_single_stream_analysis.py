@@ -1,4 +1,4 @@
-"""The single-stream benchmark's arithmetic (issue 21): the TTFT split and the kernel-timeline gaps."""
+"""The single-stream benchmark's arithmetic: the TTFT split and the kernel-timeline gaps."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Memory held per /teaching session: 12 API sessions each upload their own 6000 x 6000 film and go idle. A session
 keeps the viewer's overview of its film (at most 1080 px) and the model's 896-px input; the full-resolution values
 stay in the intake's one cache, within FILM_CACHE_MB whatever the number of sessions. Before, each session held
-the film at full resolution: 324 MiB a session (issue 33, row 2)."""
+the film at full resolution: 324 MiB a session."""
 
 from __future__ import annotations
 

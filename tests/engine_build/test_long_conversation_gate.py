@@ -17,7 +17,7 @@ from medgemma_xray.xray_io.preprocess import model_input_image
 
 pytestmark = pytest.mark.slow
 FP16 = 10
-# The AutoCast exclusions before issue 17: norms, lm_head and the wrapper's ops only.
+# The earlier AutoCast exclusions: norms, lm_head and the wrapper's ops only.
 OLD_FP32_NODES = [r".*norm.*", r".*lm_head.*", r"^/[^/]+$"]
 FIXED_FP32_NODES = list(quantize.AUTOCAST_FP32_NODES)  # read before any test patches the module
 

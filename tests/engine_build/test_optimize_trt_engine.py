@@ -131,7 +131,7 @@ def test_onnx_only_bundle_can_be_finished_later(fp32_bundle, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["finish"]  # replaced atomically: no staging left
     TRTInference(bundle, executor="onnxruntime-cpu").close()  # the re-sealed bundle verifies on ONNX Runtime
     # ... but its plans were never run: the TensorRT executor refuses them without the operator's override
-    # (until issue 17 the runtime read only `passed`, and would have served them as verified).
+    # (the runtime once read only `passed`, and would have served them as verified).
     from medgemma_xray.trt_inference.trt_model import UnverifiedExecutorError
 
     with pytest.raises(UnverifiedExecutorError, match="plans_verified: False"):

@@ -92,7 +92,7 @@ def test_bf16_is_refused_before_export_where_nothing_can_run_it(demo_model_dir, 
         (["--target", "tensorrt-rtx", "--compute_capabilities", "SM80,SM86"], "fp8 cannot run on SM80, SM86"),
         (["--target", "tensorrt-rtx", "--compute_capabilities", "SM80"], "FP8 needs compute capability 8.9 or newer"),
         (["--target", "tensorrt"], "--target tensorrt"),
-        # Plans that cannot run on this host, or none at all: nothing here can verify fp8 (issue 17: these used to
+        # Plans that cannot run on this host, or none at all: nothing here can verify fp8 (these used to
         # build, and passed or failed depending on how many films were held out).
         (["--target", "tensorrt-rtx"], "fp8 cannot be verified on this host"),
         (["--target", "none"], "fp8 cannot be verified on this host"),

@@ -1,4 +1,4 @@
-"""The film check (issue 17, section 5): noise and text are refused, held-out frontal phantoms are not, and the
+"""The film check: noise and text are refused, held-out frontal phantoms are not, and the
 evaluation command prints the README's table."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The contract's follow-up rule on a backend whose generated ids re-tokenise to other ids (issue 20).
+"""The contract's follow-up rule on a backend whose generated ids re-tokenise to other ids.
 
 The scripted backend generates ids 97.. that decode to letters, which its encoder maps to other ids: exactly the
 case of a real model whose answer text re-tokenises differently. A follow-up must still reuse every token of the

@@ -1,4 +1,4 @@
-"""A follow-up continues from the ids its conversation generated, not from their re-tokenised text (issue 20).
+"""A follow-up continues from the ids its conversation generated, not from their re-tokenised text.
 
 The previous answer's text can re-tokenise to other ids than the model generated (the 4B-shape random model on the
 H200 did), so a follow-up encoded from text alone reused the resident KV only up to that answer. Here the fast path

@@ -1,4 +1,4 @@
-"""Issue 20 on the demo checkpoint (CPU, fp32): several prompts prefilled in one packed forward give their
+"""Shared caches on the demo checkpoint (CPU, fp32): several prompts prefilled in one packed forward give their
 one-at-a-time tokens; the image cache and the prefix cache hit on the same film and miss on another; two films
 with the same question never share KV; a small cache evicts and still answers the same."""
 

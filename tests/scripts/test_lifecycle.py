@@ -277,7 +277,7 @@ def test_another_users_server_is_alive_not_dead(portable_checkout):
         assert started.returncode == 0, started.stdout + started.stderr
         pid = op.pid()
         op.log_dir.chmod(0o755)
-        op.pid_file.chmod(0o644)  # the start writes it 0600 (issue 19); this operator was given read access
+        op.pid_file.chmod(0o644)  # the start writes it 0600; this operator was given read access
         status = op.run("status_gradio.sh", "--json", user="nobody")
         assert status.returncode == 4, status.stdout + status.stderr
         body = json.loads(status.stdout)

@@ -1,4 +1,4 @@
-"""A shared LOG_DIR (issue 19, section 5): the scripts run as real processes against a LOG_DIR that others may
+"""A shared LOG_DIR: the scripts run as real processes against a LOG_DIR that others may
 write to, that another user owns, or that holds planted symbolic links; what a start creates is private; and
 stop_gradio.sh never stops the server of another LOG_DIR whose PID file was copied in."""
 

@@ -23,7 +23,7 @@ from medgemma_xray.serving.settings import Settings
 from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port
 from tests.scripts.harness import Operator
 
-EXPOSURE_LIMIT = 3.0  # issue 7: at most "OK" in systemd-analyze's words (below 1 it says "SAFE")
+EXPOSURE_LIMIT = 3.0  # at most "OK" in systemd-analyze's words (below 1 it says "SAFE")
 
 
 def analyzer() -> str:
@@ -231,7 +231,7 @@ def test_notify_reaches_an_abstract_socket_and_is_silent_outside_systemd(monkeyp
 
 
 def test_unit_limits_memory_and_open_files_from_the_settings(installable_checkout, service_user, tmp_path):
-    """Issue 19: MemoryMax/MemoryHigh from MEMORY_MAX_MB, and LimitNOFILE above MAX_CONNECTIONS (systemd's default
+    """MemoryMax/MemoryHigh from MEMORY_MAX_MB, and LimitNOFILE above MAX_CONNECTIONS (systemd's default
     soft limit of 1,024 files let 1,100 idle connections starve every client)."""
     env_file = tmp_path / "medgemma-xray.env"
     env_file.write_text("MEMORY_MAX_MB=20000\nMAX_CONNECTIONS=100000\n")

@@ -1,4 +1,4 @@
-"""Issue 20's scheduler rules on the scripted backend (real scheduler and service threads, no model): waiting
+"""The scheduler's batching rules on the scripted backend (real scheduler and service threads, no model): waiting
 prompts prefill together in one backend call; text is made on the output thread, not the GPU loop; the metrics
 carry vLLM's names."""
 

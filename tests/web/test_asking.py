@@ -73,7 +73,7 @@ def test_sizes_are_limited_on_every_turn(demo_service):
     with pytest.raises(QuestionRefused, match="Question 1 of the conversation is too long"):
         asking.check(conversation("y" * 41, "ok", "And?"))
     with pytest.raises(QuestionRefused, match="Answer 1 of the conversation is longer than any answer"):
-        asking.check(conversation("Findings?", "z" * 212_000, "And?"))  # the 373 kB attack of issue 33, row 1
+        asking.check(conversation("Findings?", "z" * 212_000, "And?"))  # a 373 kB attack: one huge assistant turn
     with pytest.raises(QuestionRefused, match="system message is too long"):
         asking.check(conversation("Findings?", system="s" * 41))
 

@@ -1,4 +1,4 @@
-"""Compressed DICOM declares its size in its codestream, wherever the codestream puts it (issue 19, section 1):
+"""Compressed DICOM declares its size in its codestream, wherever the codestream puts it:
 split over fragments, after 128 KiB of APPn segments, or after a large JP2 box. Every layout is read to its size;
 a size over the limit, a size that differs from Rows x Columns, and a codestream with no size are all refused before
 anything decodes. The batch CLI's dicom-to-png reads through the same loader."""

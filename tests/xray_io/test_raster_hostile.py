@@ -1,4 +1,4 @@
-"""Raster input from section 4 and 6 of issue 19: a progressive JPEG made of thousands of empty scans is refused
+"""Hostile raster input: a progressive JPEG made of thousands of empty scans is refused
 from its markers before decoding; a PNG whose zTXt chunk is a bomb is named as such (not "header damaged"); a
 phone's MPO JPEG is read from its first image."""
 

@@ -63,7 +63,7 @@ class FastTorchInference(TorchInference):
         vision_graph: bool | None = None,
         pixel_cache_films: int = DEFAULT_PIXEL_CACHE_FILMS,
     ) -> None:
-        """Issue 21's first-token and overlap options (None: on where CUDA graphs are, off elsewhere):
+        """The first-token and overlap options (None: on where CUDA graphs are, off elsewhere):
         prefill_buckets: prompt sizes a new conversation's prefill is padded to and, with CUDA graphs, replayed as
         one captured graph (pytorch_backend/prefill_graphs; () turns it off); vision_graph: the compiled
         vision tower captured as a CUDA graph for one film; pixel_cache_films: preprocessed films kept by content
@@ -93,7 +93,7 @@ class FastTorchInference(TorchInference):
         self.max_batch = max(b for b in batch_buckets if b <= slots) if slots >= 1 else 1
         self.batch_buckets = tuple(b for b in batch_buckets if b <= self.max_batch)
         self._step = self.decoder.decode
-        self.fused = None  # issue 21: the fused-KV-write step, and the 8-bit weight mode (pytorch_backend/fused_step)
+        self.fused = None  # the fused-KV-write step, and the 8-bit weight mode (pytorch_backend/fused_step)
         if fused_step or weights != "bf16":
             from medgemma_xray.pytorch_backend.fused_step import FusedDecodeStep
 
@@ -397,7 +397,7 @@ class FastTorchInference(TorchInference):
             super()._warm_up_impl()
             return
         torch = self._torch
-        if self.fused is not None:  # issue 21: gates an 8-bit mode (refused: WeightModeRefused), compiles the step
+        if self.fused is not None:  # gates an 8-bit mode (refused: WeightModeRefused), compiles the step
             from medgemma_xray.pytorch_backend.weight_gate import start_fused_step
 
             self._step = start_fused_step(self)

@@ -6,7 +6,7 @@ norm weights. What differs:
   kernels, one custom op per layer instead of a write plus an attention;
 - with weights "int8" or "fp8", every linear of the step, the vocabulary projection included, reads 8-bit weights
   with per-channel scales through medgemma_xray.pytorch_backend.weight_only's fused-dequantisation kernel;
-- 8-bit, fewer kernels again (issue 21, round 2): at batch 1 the one-row GEMV (split-K partials summed in the
+- 8-bit, fewer kernels: at batch 1 the one-row GEMV (split-K partials summed in the
   next norm's kernel; gate/up and GeLU in one kernel); q/k norm and rotary inside the attention kernel; each
   layer's step also computes the next layer's input norm (the final norm after the last layer), in the kernel
   that ends the layer. The bf16 step keeps the current step's arithmetic, so its tokens stay the current ones.
@@ -136,7 +136,7 @@ class FusedDecodeStep:
         split_qkv: bool = False,
     ) -> None:
         """reduce_in_kernel (8-bit, batch 1): the o and down GEMVs sum their split-K partials inside the kernel
-        (round 3) rather than in a separate kernel after it; split_qkv: qkv through the split GEMV too (round 2's
+        rather than in a separate kernel after it; split_qkv: qkv through the split GEMV too (the earlier
         arrangement, kept to measure against)."""
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"FAST_PATH_WEIGHTS must be one of {', '.join(WEIGHT_FORMATS)}, got {weights!r}")

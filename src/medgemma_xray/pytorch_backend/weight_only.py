@@ -13,7 +13,7 @@ Two implementations of one function, y = (x @ q.T) * scale:
   benchmark can compare it with cuBLAS on equal terms.
 Both are reached through the custom op `medgemma::weight_only_linear`, opaque to torch.compile.
 
-At one row (batch 1, the single-stream case) a second kernel does the work, `gemv_kernel` (round 2 of issue 21):
+At one row (batch 1, the single-stream case) a second kernel does the work, `gemv_kernel`:
 the padded tl.dot above read the per-layer matrices at about 2.1 TB/s on the H200, half the copy bandwidth,
 because a 2,560-row matrix gives it 40-160 programs for 132 SMs and each program's int8 tile goes through a
 layout conversion before the tensor cores. The GEMV instead multiplies in fp32 registers (w * x, summed over K
@@ -164,7 +164,7 @@ def _(x, data, scale):
 @torch.library.custom_op("medgemma::weight_only_linear_reduced", mutates_args=())
 def weight_only_linear_reduced(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x @ (data * scale).T in x's dtype, at one row through the split-K GEMV whose last program of each column
-    block adds the splits' partials (issue 21, round 3): no separate sum kernel, no (SPLITS, n) output."""
+    block adds the splits' partials: no separate sum kernel, no (SPLITS, n) output."""
     if x.is_cuda and x.reshape(-1, x.shape[-1]).shape[0] == 1:
         return triton_gemv(x, data, scale, reduce=True)
     return reference_weight_only_linear(x, data, scale)
@@ -282,8 +282,8 @@ CONFIGS = (
 
 # The GEMV's candidates. Compile time matters (each is compiled on the GPU host at first use): SPLIT is a run-time
 # argument, so the four split counts share one compiled kernel per block shape.
-# (BLOCK_N, BLOCK_K, warps): fp32 accumulators, 32-64 registers a thread. Round 3 added the 8-warp shapes: the
-# round-2 profile had the GEMV at 2.1-2.5 TB/s, too few bytes in flight per SM (more threads a program, same
+# (BLOCK_N, BLOCK_K, warps): fp32 accumulators, 32-64 registers a thread. The 8-warp shapes are there because a
+# profile with only 4-warp shapes had the GEMV at 2.1-2.5 TB/s, too few bytes in flight per SM (more threads a program, same
 # registers a thread, twice the loads outstanding).
 GEMV_BLOCKS = ((8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8), (8, 1024, 8))
 GEMV_SPLITS = (1, 2, 4, 8)

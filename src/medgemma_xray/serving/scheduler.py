@@ -181,7 +181,7 @@ class Scheduler:
     # --- any thread ---------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Ticket:
         image_hash = image_content_hash(request.image) if request.image is not None else None
-        preprocess = getattr(self.backend, "preprocess_film", None)  # issue 21: the film's pixels off the loop
+        preprocess = getattr(self.backend, "preprocess_film", None)  # the film's pixels off the loop
         if preprocess is not None and image_hash is not None:
             try:
                 preprocess(request.image, image_hash)

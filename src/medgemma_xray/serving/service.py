@@ -287,7 +287,7 @@ class InferenceService:
     def prepare_film(self, image) -> None:
         """Get a film ready for the vision tower as it arrives (upload), before anyone asks about it: a backend
         with a preprocess_film hook (the PyTorch fast path) keeps its resized, normalised pixels by content hash,
-        so a question's first token does not wait for them (7-9 ms on the H200 host, issue 21). Others ignore it.
+        so a question's first token does not wait for them (7-9 ms on the H200 host). Others ignore it.
         A failure here only costs that time later: the answer path preprocesses again and reports any error."""
         with self._state:
             current = self._current

@@ -68,7 +68,7 @@ class Settings:
     max_sequence: int = 4096  # the fast path's static KV cache: longest conversation plus answer, in tokens
     fast_path_weights: str = "bf16"  # bf16, int8 or fp8: the fast path's decode weights (8-bit: gated at start)
     fast_path_fused_step: bool = False  # the decode step with the KV write inside the attention kernel
-    # --- caches shared across users and the per-step token budget (issue 20) ---
+    # --- caches shared across users and the per-step token budget ---
     prefix_cache_gib: float = 1.0  # the fast path's pool of prefix KV blocks (the film's tokens, shared); 0: off
     image_cache_gib: float = 0.5  # the vision tower's output per film (content hash), least recently used evicted
     max_batched_tokens: int = 2048  # tokens per scheduler step: decode tokens plus prompt chunks
@@ -80,7 +80,7 @@ class Settings:
     drain_timeout_s: float = 120.0  # on SIGTERM, how long running answers may take to finish
     # --- this start ---
     instance_id: str = ""  # set per start by start_gradio.sh; /readyz returns it so the script knows who answered
-    # --- security and input limits (issue 7): uploads, login, conversation bounds ---
+    # --- security and input limits: uploads, login, conversation bounds ---
     upload_cache_dir: Path | None = None  # this server's private Gradio cache; default <log_dir>/upload-cache
     max_file_size_mb: int = 64  # larger uploads are refused by Gradio's upload route (HTTP 413)
     max_pixels: int = 40_000_000  # rows x columns (x frames), checked from the header before decoding
@@ -92,10 +92,10 @@ class Settings:
     max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
     questions_per_minute: int = 0  # questions and reports one client (login name, else address) may start a
     #   minute, at every door (web/asking.py); 0: no throttling
-    # --- teaching rounds (issue 23, web/teaching_page.py) ---
+    # --- teaching rounds (web/teaching_page.py) ---
     case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
     sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
-    # --- hostile clients, round two (issue 19): sessions, connections, uploads, memory ---
+    # --- hostile clients: sessions, connections, uploads, memory ---
     session_ttl_s: float = 1800.0  # a session's case is dropped this long after its last change (API clients
     #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
     session_capacity: int = 1000  # sessions whose state is held at once; the least recently used go first
@@ -108,7 +108,7 @@ class Settings:
     memory_max_mb: int = 0  # the systemd unit's MemoryMax (MemoryHigh at 90%); 0: no limit
     log_repeats_per_minute: int = 120  # records from one log call kept per minute beyond a burst; the rest are
     #   counted and summarised, so a flood cannot rotate earlier lines away
-    # --- the film check (issue 17): is an upload plausibly a frontal chest film? (film_check/) ---
+    # --- the film check: is an upload plausibly a frontal chest film? (film_check/) ---
     film_check: str = "refuse"  # refuse | warn (read it, with a warning in the film's notes) | off
     film_check_reference: Path | None = None  # a reference fitted on the site's own films; default: the phantoms'
     # --- the film intake (intake/): one decoded-film cache and one bound on decodes, for every door ---

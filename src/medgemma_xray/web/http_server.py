@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         service.close()
         cache.close()
         listener.close()
-        return exit_codes.startup_exit_code(exc)  # 2 for what a restart cannot fix (issue 17)
+        return exit_codes.startup_exit_code(exc)  # 2 for what a restart cannot fix
     app = build_http_app(service, build_ui(service, UploadInbox(cache.path)), cache.path, auth=auth, extend=extend)
     config = uvicorn.Config(
         app,

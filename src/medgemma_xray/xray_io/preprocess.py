@@ -39,7 +39,7 @@ PREVIEW_SIDE = 512  # the film kept with a case for display and facts: its longe
 class CaseImages:
     """What a case keeps of a film once it is loaded: the model's input already at the processor's size, and a
     small copy of the film (same source, warnings and view). A 6000 x 6000 film costs 2.4 MB kept instead of
-    144 MB (the full film plus its full-size padded RGB square); issue 19, section 2.
+    144 MB (the full film plus its full-size padded RGB square).
 
     model_image: RGB, MODEL_INPUT_SIDE square; the processor's own bilinear resize of the padded film, done here
         (Pillow, as the processor does), so the model sees the same pixels. full_shape: the film's (rows, columns).
