@@ -264,6 +264,7 @@ class RouteGuard:
             return await self.upload(scope, receive, send)
         return await self.app(scope, receive, send)
 
+
 def _unquote(text: str) -> str:
     from urllib.parse import unquote
 
