@@ -44,6 +44,7 @@ def build_http_app(
     from fastapi import FastAPI, Response
     from fastapi.responses import JSONResponse
 
+    from medgemma_xray.web.file_owners import FileOwnerGuard, FileOwners
     from medgemma_xray.web.gradio_queue import tune_queue
     from medgemma_xray.web.http_guards import CallShapes, FileReferenceGuard, PoliteBusyQueue, RouteGuard
     from medgemma_xray.web.upload_cache import UploadLedger
@@ -102,6 +103,7 @@ def build_http_app(
         max_file_bytes=settings.max_file_size_bytes,
         uploaded=demo.upload_file_set,
     )
+    app.add_middleware(FileOwnerGuard, owners=FileOwners(upload_folder, settings.cache_max_age_s))
     app.add_middleware(RouteGuard, ledger=ledger, upload=upload)
     return app
 
