@@ -38,6 +38,11 @@ def _found(value: object) -> str:
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 1] + "…"
 
 
+def _named(name: str) -> str:
+    """A field name from the file, as named in a problem: cut to MAX_SHOWN characters."""
+    return name if len(name) <= MAX_SHOWN else name[: MAX_SHOWN - 1] + "…"
+
+
 def _choice(allowed: tuple[str, ...]) -> Callable[[object], str | None]:
     def check(value: object) -> str | None:
         if isinstance(value, str) and value in allowed:
@@ -91,7 +96,7 @@ def validate_key(record: object) -> list[str]:
     if version != LABELS_VERSION:
         problems.append(f"labels_version: found {_found(version)}; this code reads version {LABELS_VERSION}")
     for name in sorted(set(record) - set(SCHEMA) - OPTIONAL_TOP):
-        problems.append(f"{_found(name)}: not a field of the key; the fields are {', '.join(SCHEMA)}")
+        problems.append(f"{_named(name)}: not a field of the key; the fields are {', '.join(SCHEMA)}")
     for name in REQUIRED:
         if record.get(name) is None:
             problems.append(f"{name}: missing; every key needs it ({', '.join(SCHEMA[name])})")
@@ -105,7 +110,7 @@ def validate_key(record: object) -> list[str]:
             )
             continue
         for extra in sorted(set(value) - set(attributes)):
-            problems.append(f"{name}.{_found(extra)}: not an attribute of {name}; expected {', '.join(attributes)}")
+            problems.append(f"{name}.{_named(extra)}: not an attribute of {name}; expected {', '.join(attributes)}")
         for attribute, check in attributes.items():
             if attribute not in value:
                 problems.append(f"{name}.{attribute}: missing")
