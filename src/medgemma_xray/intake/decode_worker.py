@@ -37,6 +37,7 @@ def serve(connection: Connection) -> None:
         except EOFError:
             return
         collect.records = []
+        answer: tuple[str, object, list[tuple[int, str, str]]]
         try:
             answer = ("ok", decode_film(task), collect.records)
         except ImageInputError as exc:
