@@ -11,6 +11,7 @@ import base64
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,14 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def exited(pid: int) -> bool:
+    """The process has ended (a zombie until the pool reaps it, or gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_a_decode_past_the_deadline_is_killed_and_refused_and_the_next_film_gets_a_fresh_worker(large_film):
@@ -114,3 +123,18 @@ def test_the_api_client_is_told_the_film_took_too_long(tmp_path, large_film, dem
         assert "its worker was killed" in server.log_text
     finally:
         server.stop()
+
+
+def test_a_worker_that_died_while_idle_costs_the_next_film_nothing():
+    intake = FilmIntake(IntakeConfig(film_check="off", decode_timeout_s=600, max_decodes=1))
+    try:
+        intake.read(small_film())
+        (worker,) = intake.decode_pool.idle_pids
+        os.kill(worker, 9)
+        deadline = time.monotonic() + 60
+        while not exited(worker) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert intake.read(small_film(seed=5)).full_shape == (256, 224)
+        assert intake.decode_pool.idle_pids != [worker]
+    finally:
+        intake.close()

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -82,7 +82,9 @@ class DecodePool:
         worker = self._take()
         keep = False
         try:
-            worker.connection.send_bytes(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL))
+            # The limits first, then the bytes as they are (no pickled copy of a film of up to MAX_FILE_SIZE_MB).
+            worker.connection.send_bytes(pickle.dumps(replace(task, data=b""), protocol=pickle.HIGHEST_PROTOCOL))
+            worker.connection.send_bytes(task.data)
             if not worker.connection.poll(self.deadline_s):
                 self.killed += 1
                 logger.warning("film decode ran past its %.0f s deadline; its worker was killed", self.deadline_s)
@@ -126,8 +128,11 @@ class DecodePool:
         with self._lock:
             if self._closed:
                 raise DecodeWorkerFailed("the film decode pool is closed")
-            if self._idle:
-                return self._idle.pop()
+            while self._idle:
+                worker = self._idle.pop()
+                if worker.process.poll() is None:
+                    return worker
+                worker.connection.close()  # died while idle (killed by the OOM killer, say): not this film's fault
         return _start_worker()
 
     def _give_back(self, worker: _Worker, healthy: bool) -> None:

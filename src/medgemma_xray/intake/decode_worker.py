@@ -9,6 +9,7 @@ import gc
 import logging
 import pickle
 import sys
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 
@@ -33,7 +34,7 @@ def serve(connection: Connection) -> None:
     connection.send_bytes(b"ready")
     while True:
         try:
-            task = pickle.loads(connection.recv_bytes())
+            task = replace(pickle.loads(connection.recv_bytes()), data=connection.recv_bytes())
         except EOFError:
             return
         collect.records = []
