@@ -261,7 +261,7 @@ class RouteGuard:
         if path.startswith(FILE_ROUTE) and self.ledger.is_upload(_unquote(path[len(FILE_ROUTE) :])):
             return await _answer(send, 404, {"detail": "Not Found"})
         if path.rstrip("/") == UPLOAD_ROUTE and scope.get("method") == "POST":
-            return await self.upload(scope, receive, send)
+            return await self.upload(scope, receive, send, gradio=self.app)
         return await self.app(scope, receive, send)
 
 

@@ -52,10 +52,16 @@ class UploadRoute:
         self.max_file_bytes = max_file_bytes
         self.uploaded = uploaded if uploaded is not None else set()  # the Blocks' upload_file_set
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope, receive, send, gradio=None) -> None:
+        """gradio: the app below (Gradio's routes), asked whether the client is logged in, as its own upload route
+        asks before it reads a byte."""
         from python_multipart.multipart import parse_options_header
         from starlette.requests import ClientDisconnect, Request
 
+        if gradio is not None:
+            status, body = await _login_check(gradio, scope)
+            if status != 200:
+                return await _answer_raw(send, status, body)
         request = Request(scope, receive)
         kind, options = parse_options_header(request.headers.get("content-type", ""))
         if kind != b"multipart/form-data" or not options.get(b"boundary"):
@@ -168,6 +174,37 @@ def _make_parser(route: UploadRoute, request) -> Any:
         upload_id=upload_id,
         upload_progress=file_upload_statuses if upload_id else None,
     )
+
+
+async def _login_check(app, scope) -> tuple[int, bytes]:
+    """Gradio's own answer to GET /gradio_api/login_check for this client (its cookies): 200 when no login is
+    needed or the client is logged in, else 401 with Gradio's body."""
+    path = "/gradio_api/login_check"
+    probe = {**scope, "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b""}
+    answer = {"status": 500, "body": b""}
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] += message.get("body", b"")
+
+    await app(probe, receive, send)
+    return int(answer["status"]), bytes(answer["body"])
+
+
+async def _answer_raw(send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _declared_length(value: str | None) -> int | None:
