@@ -88,34 +88,47 @@ def test_uploads_sent_at_once_cannot_together_pass_the_quota(server):
     sends the rest: every one is past the quota check at its start, so only reservation per chunk holds."""
     clear_cache(server)
     host, port = server.url.removeprefix("http://").split(":")
-    body = multipart("b0undary", [("a.bin", b"a" * (3 << 20)), ("b.bin", b"b" * (3 << 20))])
-    head = (
-        f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}\r\nContent-Type: multipart/form-data; boundary=b0undary\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode()
-    connections = [socket.create_connection((host, int(port)), timeout=120) for _ in range(8)]
-    for connection in connections:
+    bodies = [  # distinct content: the cache stores one copy of identical files
+        multipart("b0undary", [("a.bin", bytes([i]) * (3 << 20)), ("b.bin", bytes([100 + i]) * (3 << 20))])
+        for i in range(8)
+    ]
+    connections = []
+    for body in bodies:
+        head = (
+            f"POST /gradio_api/upload HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: multipart/form-data; boundary=b0undary\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        connection = socket.create_connection((host, int(port)), timeout=120)
         connection.sendall(head + body[:1024])
+        connections.append((connection, body))
     statuses: list[int] = []
 
-    def finish(connection: socket.socket) -> None:
+    def finish(connection: socket.socket, body: bytes) -> None:
+        """Send the rest while another thread reads: a refused request is answered before its body is read."""
+        reply = bytearray()
+
+        def read() -> None:
+            with contextlib.suppress(OSError):
+                while chunk := connection.recv(65536):
+                    reply.extend(chunk)
+
+        reader = threading.Thread(target=read)
+        reader.start()
         with contextlib.suppress(OSError):  # refused part-way: the server answered and closed
             connection.sendall(body[1024:])
-        reply = b""
-        with contextlib.suppress(OSError):
-            while chunk := connection.recv(65536):
-                reply += chunk
-        statuses.append(int(reply.split(b" ", 2)[1]))
+        reader.join(180)
         connection.close()
+        statuses.append(int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else 0)
 
-    senders = [threading.Thread(target=finish, args=(connection,)) for connection in connections]
+    senders = [threading.Thread(target=finish, args=pair) for pair in connections]
     for sender in senders:
         sender.start()
     for sender in senders:
         sender.join(180)
-    assert sorted(set(statuses)) == [200, 507], statuses
+    assert 200 in statuses and 507 in statuses and set(statuses) <= {200, 507, 0}, statuses  # 0: reset unanswered
     assert sum(cache_files(server).values()) <= QUOTA_MB << 20, "uploads at once stored more than the quota"
-    assert statuses.count(200) <= QUOTA_MB // 6
+    assert statuses.count(200) <= QUOTA_MB // 6, statuses
 
 
 def test_a_refused_request_leaves_nothing_on_disk(server):
