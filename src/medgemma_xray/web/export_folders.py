@@ -1,10 +1,10 @@
 """Folders that page exports are written into, in the server's private cache, under the upload limits.
 
 A page hands Gradio the path of each export; Gradio copies the file into its own cache (deleted after
-CACHE_MAX_AGE_S) and serves that copy. The folder written here is then needed no longer, but nothing removed it:
-each export left a folder until the server stopped. Here every new export first deletes export folders older
-than CACHE_MAX_AGE_S, and the folders held at once stay under UPLOAD_CACHE_MAX_MB: the oldest go first, and an
-export that would not fit even then is refused with a message.
+CACHE_MAX_AGE_S) and serves that copy. The folder written here is then needed no longer, and unless removed it would
+stay until the server stops. So every new export first deletes export folders older than CACHE_MAX_AGE_S, and the
+folders held at once stay under UPLOAD_CACHE_MAX_MB: the oldest go first, and an export that would not fit even then
+is refused with a message.
 """
 
 from __future__ import annotations

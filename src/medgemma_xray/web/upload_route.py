@@ -1,9 +1,9 @@
 """The upload route (POST /gradio_api/upload), served here instead of by Gradio: one multipart parse that counts
 the files, reserves their bytes and stores them.
 
-Gradio's route parses the body with its own parser; a guard in front of it counted files with another. The two read
-the Content-Type differently (`boundary=decoy; boundary=real`: the counter saw the first, the parser the last), so a
-request carried 40 files past a limit of 4. Here the one parser that stores the files is the one that counts them
+Two parsers of one body, one counting files and one storing them, can read it differently (`boundary=decoy;
+boundary=real`: one takes the first parameter, the other the last), and a request then carries 40 files past a
+limit of 4. So the one parser that stores the files is the one that counts them
 (Gradio's own GradioMultiPartParser, given this server's limits), and every chunk's bytes are reserved in the upload
 ledger, atomically, before they are written: concurrent requests cannot together pass UPLOAD_CACHE_MAX_MB. A
 request refused part-way (too many files, a file too large, the quota, a broken body, a client that went away)
