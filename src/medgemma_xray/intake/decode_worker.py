@@ -8,6 +8,7 @@ import ctypes
 import gc
 import logging
 import pickle
+import signal
 import sys
 from dataclasses import replace
 from multiprocessing.connection import Connection
@@ -62,4 +63,5 @@ def _malloc_trim():
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server ends us
     serve(Connection(int(sys.argv[1])))
