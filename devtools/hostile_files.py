@@ -214,11 +214,11 @@ COMPRESSED_SIZE_TRICKS = {
 # --- raster files ---
 
 
-def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
-    """A progressive JPEG of side x side with `scans` empty scans (each a repeated SOS header with no data) before
-    EOI: the decoder's cost grows with the number of scans, not the file's size (Pillow 12.3 spent about 65 us
-    per empty scan of a 1024 x 1024 film here, 2 s for 30,000 scans in a 455 kB file; scans that carry data cost
-    a pass over the image each)."""
+def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000, *, width: int | None = None) -> bytes:
+    """A progressive JPEG of side (rows) x width (default side) with `scans` empty scans (each a repeated SOS
+    header with no data) before EOI: the decoder's cost grows with the number of scans, not the file's size (Pillow
+    12.3 spent about 65 us per empty scan of a 1024 x 1024 film here, 2 s for 30,000 scans in a 455 kB file; scans
+    that carry data cost a pass over the image each)."""
     import re
 
     from PIL import Image
@@ -226,13 +226,30 @@ def progressive_jpeg_scan_bomb(side: int = 1024, scans: int = 10_000) -> bytes:
     from medgemma_xray.phantoms.films import chest_phantom, quantize
 
     buffer = io.BytesIO()
-    Image.fromarray(quantize(chest_phantom(side, side, seed=1), 8)).save(
+    Image.fromarray(quantize(chest_phantom(side, width or side, seed=1), 8)).save(
         buffer, format="JPEG", progressive=True, quality=90
     )
     data = buffer.getvalue()
     last = [found.start() for found in re.finditer(rb"\xff\xda", data)][-1]
     header = data[last : last + 2 + int.from_bytes(data[last + 2 : last + 4], "big")]
     return data[:-2] + header * scans + b"\xff\xd9"
+
+
+def before_first_scan(jpeg: bytes, padding: bytes) -> bytes:
+    """The JPEG with `padding` put just before its first SOS marker: 0xFF fill bytes, or empty COM segments
+    (0xFF 0xFE 0x00 0x02), both of which every decoder skips. A scan counter that walks segments with a step budget
+    spends it here and sees no scans."""
+    first = jpeg.index(b"\xff\xda")
+    return jpeg[:first] + padding + jpeg[first:]
+
+
+def dicom_progressive_jpeg_scan_bomb(scans: int = 10_000) -> bytes:
+    """A 128 x 112 DX film whose one frame is a progressive JPEG of `scans` scans, split over two fragments (the
+    seam inside the scans): the DICOM wrapper must not hide the scans from the counter."""
+    dataset, _ = _small_compressed_film("jpeg-baseline")
+    codestream = progressive_jpeg_scan_bomb(128, scans, width=112)
+    seam = len(codestream) // 2
+    return _save_with_fragments(dataset, [codestream[:seam], codestream[seam:]])
 
 
 def png_ztxt_bomb(expanded: int = 64 << 20) -> bytes:

@@ -114,10 +114,11 @@ def test_concurrent_reads_of_the_same_bytes_decode_once():
 
 def test_at_most_max_decodes_run_at_once_and_the_rest_wait(monkeypatch):
     """Each decode is held inside the loader until the test lets go: with a bound of 2, five different films
-    leave two decoding and three waiting; without the bound all five would be inside the loader at once."""
+    leave two decoding and three waiting; without the bound all five would be inside the loader at once. The decodes
+    run in this process (no deadline), where the test can hold the loader; the slots are the same either way."""
     import medgemma_xray.xray_io.loader as loader
 
-    intake = FilmIntake(IntakeConfig(max_decodes=2))
+    intake = FilmIntake(IntakeConfig(max_decodes=2, decode_timeout_s=0))
     release, inside = threading.Event(), []
     real = loader.load_radiograph
 

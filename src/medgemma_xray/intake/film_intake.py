@@ -7,7 +7,9 @@ loaded once here), made into the model's input and hashed. What a door gets back
 errors (intake.errors). Decoded films are kept by the SHA-256 of their bytes in one budgeted cache, so a film sent
 again (an API follow-up, a class on one case) is not decoded again, and concurrent reads of the same bytes decode
 once. At most `max_decodes` decodes run at once in the whole process, whichever door asks: the rest wait their
-turn, so forty requests carrying a 6000-px film cost two decodes' memory at a time, not forty.
+turn, so forty requests carrying a 6000-px film cost two decodes' memory at a time, not forty. Each decode runs in
+a worker process under `decode_timeout_s` (intake.decode_pool): a file that keeps a decoder busy past it is
+refused, its worker killed, whatever the format.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medgemma_xray.film_check import FilmVerdict, check_film, load_reference
-from medgemma_xray.film_check.check import REFERENCE_PATH, Reference
+from medgemma_xray.film_check import FilmVerdict
+from medgemma_xray.film_check.check import REFERENCE_PATH
 from medgemma_xray.inference_api.shared_caches import image_content_hash
 from medgemma_xray.intake.cache import SharedCache
+from medgemma_xray.intake.decode_pool import DecodePool
+from medgemma_xray.intake.decoding import DecodedFilm, DecodeTask, decode_film, reference_at
 from medgemma_xray.intake.errors import FilmTooLarge, NotAChestFilm, NotAnImage, refusal_for
 from medgemma_xray.xray_io import ImageInputError, Radiograph
 from medgemma_xray.xray_io.loader import DEFAULT_MAX_PIXELS, MAX_UPLOAD_BYTES
@@ -39,6 +43,7 @@ logger = logging.getLogger(__name__)
 FILM_CHECK_MODES = ("refuse", "warn", "off")
 DEFAULT_CACHE_BYTES = 512 << 20
 DEFAULT_MAX_DECODES = 2
+DEFAULT_DECODE_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,15 @@ class IntakeConfig:
     max_bytes: int = MAX_UPLOAD_BYTES
     cache_bytes: int = DEFAULT_CACHE_BYTES  # 0: keep nothing (a batch run reads each film once)
     max_decodes: int = DEFAULT_MAX_DECODES
+    decode_timeout_s: float = DEFAULT_DECODE_TIMEOUT_S  # each decode in a worker process, killed past this; 0: here
 
     def __post_init__(self) -> None:
         if self.film_check not in FILM_CHECK_MODES:
             raise ValueError(f"film_check must be one of {', '.join(FILM_CHECK_MODES)}, got {self.film_check!r}")
         if self.max_decodes < 1:
             raise ValueError(f"max_decodes must be at least 1, got {self.max_decodes}")
+        if self.decode_timeout_s < 0:
+            raise ValueError(f"decode_timeout_s must be 0 (off) or positive, got {self.decode_timeout_s}")
 
     @classmethod
     def from_settings(cls, settings: Any, **overrides: Any) -> IntakeConfig:
@@ -68,6 +76,7 @@ class IntakeConfig:
             max_bytes=settings.max_file_size_bytes,
             cache_bytes=int(getattr(settings, "film_cache_mb", DEFAULT_CACHE_BYTES >> 20)) << 20,
             max_decodes=int(getattr(settings, "film_decodes", DEFAULT_MAX_DECODES)),
+            decode_timeout_s=float(getattr(settings, "film_decode_timeout_s", DEFAULT_DECODE_TIMEOUT_S)),
         )
         values.update(overrides)
         return cls(**values)
@@ -113,9 +122,12 @@ class FilmIntake:
 
     def __init__(self, config: IntakeConfig | None = None) -> None:
         self.config = config or IntakeConfig()
-        self._reference: Reference | None = None
+        self._reference_path: Path | None = None
         if self.config.film_check != "off":
-            self._reference = load_reference(self.config.film_check_reference or REFERENCE_PATH)
+            self._reference_path = Path(self.config.film_check_reference or REFERENCE_PATH)
+            reference_at(self._reference_path)  # a missing or damaged reference stops the server here, not a film
+        self._pool: DecodePool | None = None
+        self._pool_lock = threading.Lock()
         self._cache: SharedCache[IntakeFilm | FilmValues] = SharedCache(self.config.cache_bytes, _size_of)
         self._slots = threading.BoundedSemaphore(self.config.max_decodes)
         self._count_lock = threading.Lock()
@@ -205,6 +217,18 @@ class FilmIntake:
     def cache_bytes(self) -> int:
         return self._cache.held_bytes
 
+    @property
+    def decode_pool(self) -> DecodePool | None:
+        """The worker processes decoding films (None until the first decode, and with the deadline off)."""
+        return self._pool
+
+    def close(self) -> None:
+        """End the decode workers (a later decode starts new ones). Idempotent."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
     def _key(self, data: bytes) -> str:
         if len(data) > self.config.max_bytes:
             raise self._too_large(len(data))
@@ -245,26 +269,16 @@ class FilmIntake:
 
     # --- one decode ----------------------------------------------------------------------------------------------
     def _decode(self, key: str, data: bytes, keep_values: bool) -> tuple[IntakeFilm, FilmValues | None]:
-        from medgemma_xray.xray_io.loader import load_radiograph, load_radiograph_with_values
-        from medgemma_xray.xray_io.preprocess import case_images
-
         config = self.config
+        task = DecodeTask(data, config.max_pixels, config.max_bytes, keep_values, self._reference_path)
         with self._decode_slot():
-            values: FilmValues | None = None
             try:
-                if keep_values:
-                    radiograph, values = load_radiograph_with_values(
-                        data, max_pixels=config.max_pixels, max_bytes=config.max_bytes
-                    )
-                else:
-                    radiograph = load_radiograph(data, max_pixels=config.max_pixels, max_bytes=config.max_bytes)
+                decoded = self._run(task)
             except ImageInputError as exc:
                 logger.warning("refused a film: %s", type(exc).__name__)
                 raise refusal_for(exc) from exc
-            verdict = check_film(radiograph.pixels, self._reference) if self._reference is not None else None
-            images = case_images(radiograph)
-            del radiograph  # the full film goes before the slot is given back
-        warnings = images.preview.warnings
+        verdict = decoded.verdict
+        warnings = decoded.preview.warnings
         if verdict is not None and not verdict.plausible:
             if config.film_check == "refuse":
                 logger.warning("refused a film: NotAChestFilm")
@@ -272,16 +286,26 @@ class FilmIntake:
             warnings = (*warnings, verdict.warning())
         film = IntakeFilm(
             key=key,
-            image_key=image_content_hash(images.model_image),
-            model_image=images.model_image,
-            film=images.preview,
-            full_shape=images.full_shape,
+            image_key=image_content_hash(decoded.model_image),
+            model_image=decoded.model_image,
+            film=decoded.preview,
+            full_shape=decoded.full_shape,
             warnings=warnings,
             verdict=verdict,
         )
         if keep_values:
             self._cache.put(_film_key(key), film)  # the values' decode made the film too: keep both
-        return film, values
+        return film, decoded.values
+
+    def _run(self, task: DecodeTask) -> DecodedFilm:
+        """In a worker process under the deadline, or here when the deadline is off."""
+        if self.config.decode_timeout_s == 0:
+            return decode_film(task)
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = DecodePool(self.config.max_decodes, self.config.decode_timeout_s)
+            pool = self._pool
+        return pool.decode(task)
 
 
 def _film_key(key: str) -> str:

@@ -81,8 +81,11 @@ def _make_handler(service, token: str):
                 request = json.loads(line)
                 if not isinstance(request, dict):
                     raise ValueError("request must be a JSON object")
+            except RecursionError:  # JSON nested thousands deep: the parser gives up; the reply says why
+                logger.warning("control request refused: JSON nested too deeply")
+                return self._reply({"ok": False, "error": "bad request: the JSON is nested too deeply"})
             except ValueError as exc:
-                return self._reply({"ok": False, "error": f"bad request: {exc}"})
+                return self._reply({"ok": False, "error": f"bad request: {str(exc)[:200]}"})
             offered = str(request.get("token", ""))
             if not hmac.compare_digest(offered.encode(), token.encode()):
                 logger.warning("control request refused: missing or wrong token")
@@ -114,7 +117,7 @@ def _dispatch(service, request: dict) -> dict:
             }
     except (SwitchError, RequestError) as exc:
         return {"ok": False, "error": str(exc), "status": service.status()}
-    return {"ok": False, "error": f"unknown command {command!r}; valid: status, switch"}
+    return {"ok": False, "error": f"unknown command {repr(command)[:40]}; valid: status, switch"}
 
 
 def send_command(socket_path: Path, payload: dict, timeout_s: float = 600.0) -> dict:

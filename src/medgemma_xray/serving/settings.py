@@ -114,6 +114,7 @@ class Settings:
     # --- the film intake (intake/): one decoded-film cache and one bound on decodes, for every door ---
     film_cache_mb: int = 512  # decoded films kept by content hash (model images; /teaching's full-resolution values)
     film_decodes: int = 2  # films decoded at once in the whole server; more wait their turn
+    film_decode_timeout_s: float = 30.0  # each decode runs in a worker process, killed past this; 0: in-process
 
     def __post_init__(self) -> None:
         if not isinstance(self.inference_mode, Mode):  # Settings(inference_mode="trt") in code and tests
@@ -181,6 +182,7 @@ class Settings:
         _one_of("FILM_CHECK", self.film_check, FILM_CHECK_MODES)
         _in_range("FILM_CACHE_MB", self.film_cache_mb, 0, 1 << 20)
         _in_range("FILM_DECODES", self.film_decodes, 1, 256)
+        _in_range("FILM_DECODE_TIMEOUT_S", self.film_decode_timeout_s, 0, 3600)
         return self
 
     @property

@@ -4,7 +4,8 @@ scores and the questions asked, as CSV (one row per case) and a printable PDF ha
 Nothing identifying leaves here. Cases are named by their library title or "Uploaded film N", never by a file
 name, and carry no DICOM attribute. As a second guard, every export is scrubbed of the session's `forbidden`
 strings (the uploaded files' names and stems, the source films' patient and study attributes): a student who
-types a patient's name into a free-text box does not put it into the handout either.
+types a patient's name into a free-text box does not put it into the handout either. CSV cells are neutralised
+against formula injection (assistant.spreadsheet), and lone surrogates become U+FFFD in every export.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, read_from_labels, score_read, shown
 
@@ -104,7 +106,9 @@ def _score_text(score: Score | None) -> str:
 
 
 def scrub(text: str, forbidden: Iterable[str]) -> str:
-    """text with every forbidden string (case-insensitive; DICOM's ^ and a file name's _ count as spaces) removed."""
+    """text with every forbidden string (case-insensitive; DICOM's ^ and a file name's _ count as spaces) removed,
+    and any lone surrogate replaced (U+FFFD), so the text can be written as UTF-8."""
+    text = valid_text(text)
     for value in sorted({v.strip() for v in forbidden if v and len(v.strip()) >= 3}, key=len, reverse=True):
         parts = [re.escape(p) for p in re.split(r"[\s^_]+", value) if p]
         pattern = r"[\s^_]+".join(parts)
@@ -129,7 +133,7 @@ def csv_rows(records: list[CaseRecord], forbidden: Iterable[str] = ()) -> list[d
             "marks": _marks(record),
             "questions_and_answers": " || ".join(f"Q: {q} A: {a}" for q, a in record.questions),
         }
-        rows.append({key: scrub(value, forbidden) for key, value in row.items()})
+        rows.append({key: text_cell(scrub(value, forbidden)) for key, value in row.items()})
     return rows
 
 

@@ -14,7 +14,6 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from medgemma_xray.web.upload_cache import FORGED_PATH_MESSAGE
 
@@ -235,7 +234,6 @@ def _all_dicts(value) -> bool:
 BLOCKED_ROUTES = ("/gradio_api/process_recording", "/gradio_api/deep_link")
 UPLOAD_ROUTE = "/gradio_api/upload"
 FILE_ROUTE = "/gradio_api/file="
-UPLOAD_FULL_MESSAGE = "The server's upload space is full. Try again in a minute."
 
 
 class RouteGuard:
@@ -245,15 +243,14 @@ class RouteGuard:
     - An upload is never served back (GET /gradio_api/file=<an upload>): Gradio serves it inline under the
       uploader's file name, which may be a patient's. Previews and report exports (the server's own files, under
       unguessable names) are still served.
-    - One upload call carries at most max_files files (counted from the multipart delimiters as the body
-      streams), and uploads held at once stay under the ledger's byte quota; unread uploads expire.
+    - The upload route is served by medgemma_xray.web.upload_route (one multipart parse that counts, reserves and
+      stores), not by Gradio's.
     """
 
-    def __init__(self, app, ledger, max_files: int, max_upload_bytes: int) -> None:
+    def __init__(self, app, ledger, upload) -> None:
         self.app = app
         self.ledger = ledger
-        self.max_files = max_files
-        self.max_upload_bytes = max_upload_bytes
+        self.upload = upload
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -264,89 +261,11 @@ class RouteGuard:
         if path.startswith(FILE_ROUTE) and self.ledger.is_upload(_unquote(path[len(FILE_ROUTE) :])):
             return await _answer(send, 404, {"detail": "Not Found"})
         if path.rstrip("/") == UPLOAD_ROUTE and scope.get("method") == "POST":
-            return await self._upload(scope, receive, send)
+            return await self.upload(scope, receive, send, gradio=self.app)
         return await self.app(scope, receive, send)
-
-    async def _upload(self, scope, receive, send) -> None:
-        headers = dict(scope.get("headers") or [])
-        try:
-            declared = int(headers.get(b"content-length", b"0"))
-        except ValueError:
-            declared = 0
-        incoming = declared or self.max_upload_bytes * self.max_files
-        if not self.ledger.has_room_for(min(incoming, self.max_upload_bytes * self.max_files)):
-            logger.warning("refused an upload: the upload cache is at its quota")
-            return await _answer(send, 507, {"detail": UPLOAD_FULL_MESSAGE}, ((b"retry-after", b"60"),))
-        boundary = _boundary(headers.get(b"content-type", b""))
-        counter = _DelimiterCounter(boundary) if boundary else None
-        state: dict[str, Any] = {"too_many": False, "answered": False, "status": 0, "body": b""}
-
-        async def counted_receive():
-            message = await receive()
-            if counter is not None and message["type"] == "http.request":
-                counter.feed(message.get("body", b""))
-                if counter.parts > self.max_files:
-                    state["too_many"] = True
-                    return {"type": "http.disconnect"}
-            return message
-
-        async def watched_send(message):
-            if state["too_many"]:
-                return  # our 413 goes out instead
-            if message["type"] == "http.response.start":
-                state["status"] = message["status"]
-            elif message["type"] == "http.response.body" and state["status"] == 200:
-                state["body"] += message.get("body", b"")
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, watched_send)
-        except Exception:
-            if not state["too_many"]:
-                raise
-        if state["too_many"]:
-            logger.warning("refused an upload of more than %d files in one request", self.max_files)
-            return await _answer(
-                send, 413, {"detail": f"One upload may carry at most {self.max_files} files; send fewer at a time."}
-            )
-        if state["status"] == 200:
-            try:
-                stored = json.loads(state["body"])
-            except ValueError:
-                stored = []
-            if isinstance(stored, list):
-                self.ledger.record([item for item in stored if isinstance(item, str)])
 
 
 def _unquote(text: str) -> str:
     from urllib.parse import unquote
 
     return unquote(text)
-
-
-def _boundary(content_type: bytes) -> bytes | None:
-    for part in content_type.split(b";")[1:]:
-        key, _, value = part.strip().partition(b"=")
-        if key.lower() == b"boundary" and value:
-            return value.strip(b'"')
-    return None
-
-
-class _DelimiterCounter:
-    """Counts multipart parts as the body streams (RFC 2046: each part starts at CRLF "--" boundary), holding
-    only the last few bytes between chunks."""
-
-    def __init__(self, boundary: bytes) -> None:
-        self.delimiter = b"--" + boundary
-        self.tail = b"\r\n"  # the first delimiter may open the body with no CRLF before it
-        self.delimiters = 0
-
-    def feed(self, chunk: bytes) -> None:
-        data = self.tail + chunk
-        self.delimiters += data.count(b"\r\n" + self.delimiter)
-        keep = len(self.delimiter) + 1
-        self.tail = data[-keep:]  # shorter than a whole delimiter line: nothing counted twice
-
-    @property
-    def parts(self) -> int:
-        return max(0, self.delimiters - 1)  # the last delimiter closes the body (or a part is still coming)

@@ -44,9 +44,11 @@ def build_http_app(
     from fastapi import FastAPI, Response
     from fastapi.responses import JSONResponse
 
+    from medgemma_xray.web.file_owners import FileOwnerGuard, FileOwners
     from medgemma_xray.web.gradio_queue import tune_queue
     from medgemma_xray.web.http_guards import CallShapes, FileReferenceGuard, PoliteBusyQueue, RouteGuard
     from medgemma_xray.web.upload_cache import UploadLedger
+    from medgemma_xray.web.upload_route import UploadRoute
 
     api = FastAPI(title="MedGemma X-Ray assistant", **NO_API_DOCS)
 
@@ -94,12 +96,15 @@ def build_http_app(
     ledger = UploadLedger(settings.upload_cache_max_mb << 20, settings.upload_max_age_s)
     app.add_middleware(FileReferenceGuard, upload_folder=upload_folder, calls=CallShapes(demo))
     app.add_middleware(PoliteBusyQueue)
-    app.add_middleware(
-        RouteGuard,
-        ledger=ledger,
+    upload = UploadRoute(
+        upload_folder,
+        ledger,
         max_files=settings.max_files_per_request,
-        max_upload_bytes=settings.max_file_size_bytes,
+        max_file_bytes=settings.max_file_size_bytes,
+        uploaded=demo.upload_file_set,
     )
+    app.add_middleware(FileOwnerGuard, owners=FileOwners(upload_folder, settings.cache_max_age_s))
+    app.add_middleware(RouteGuard, ledger=ledger, upload=upload)
     return app
 
 

@@ -19,9 +19,10 @@ USER_ERRORS: tuple[type[BaseException], ...] = (RequestError, ImageInputError)
 
 def is_user_error(exc: BaseException) -> bool:
     from medgemma_xray.serving.service import ServiceUnavailable
+    from medgemma_xray.teaching.keys import AnswerKeyError
     from medgemma_xray.web.upload_cache import NotAnUploadError, UploadGoneError
 
-    return isinstance(exc, (*USER_ERRORS, ServiceUnavailable, NotAnUploadError, UploadGoneError))
+    return isinstance(exc, (*USER_ERRORS, ServiceUnavailable, NotAnUploadError, UploadGoneError, AnswerKeyError))
 
 
 def shown(exc: BaseException, logger: logging.Logger, where: str = ""):

@@ -1,6 +1,8 @@
 """/teaching's exports: the report (Markdown and DICOM SR, with its clinical context) and the session (CSV and a
 PDF handout). Files are named by date, their own short id and the case, never by an uploaded file's name, and
-written private (0600) into fresh folders of the server's private cache.
+written private (0600) into fresh folders of the server's private cache, under the upload quota and the cache's age
+limit (web.export_folders). The report's typed fields and the model's text are scrubbed of the session's identifiers,
+as the session's CSV and PDF are.
 """
 
 from __future__ import annotations
@@ -8,7 +10,6 @@ from __future__ import annotations
 import datetime
 import os
 import re
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from medgemma_xray.web.page_wiring import PageEvents
 from medgemma_xray.web.teaching_context import TeachingPage, current_round, logger, session_of
 
 EVENTS = PageEvents()
+EXPORT_BYTES = 1 << 20  # room one export needs (a handout PDF of a long round is a few hundred KiB)
 
 
 def export_label(title: str) -> str:
@@ -40,6 +42,23 @@ def _write_private(folder: Path, name: str, data: bytes) -> str:
     return str(path)
 
 
+def _export_folder(page: TeachingPage, prefix: str) -> Path:
+    """A fresh folder for one export, under the upload quota and the cache's age limit (web.export_folders)."""
+    from medgemma_xray.web.export_folders import ExportSpaceFull, new_export_folder
+
+    settings = page.settings
+    try:
+        return new_export_folder(
+            page.export_root,
+            prefix,
+            max_age_s=settings.cache_max_age_s,
+            quota_bytes=settings.upload_cache_max_mb << 20,
+            incoming_bytes=EXPORT_BYTES,
+        )
+    except ExportSpaceFull as exc:
+        raise refused(str(exc), logger, "teaching") from exc
+
+
 @EVENTS.on(["report_button.click"], inputs=["indication", "comparison", "recommendation", "identifiers", "session"],
            outputs=["report_md", "report_sr"], api_name="teaching_report")  # fmt: skip
 def export_report(page: TeachingPage, values: dict) -> dict:
@@ -47,14 +66,18 @@ def export_report(page: TeachingPage, values: dict) -> dict:
 
     from medgemma_xray.assistant.report import parse_report
     from medgemma_xray.teaching.report_context import ClinicalContext, TeachingReport
+    from medgemma_xray.teaching.session_export import scrub
     from medgemma_xray.teaching.sr import sr_bytes
 
     _, _, round_ = current_round(values)
     if not round_.revealed:
         raise refused("Reveal the case first: the report is the model's read.", logger, "teaching")
-    context = ClinicalContext(values["indication"] or "", values["comparison"] or "", values["recommendation"] or "")
-    report = TeachingReport(context, parse_report(round_.model_report))
-    folder = Path(tempfile.mkdtemp(prefix="teaching-report-", dir=page.export_root))
+    forbidden = session_of(values).value.forbidden  # scrubbed as the session's CSV and PDF are
+    context = ClinicalContext(
+        *(scrub(values[name] or "", forbidden) for name in ("indication", "comparison", "recommendation"))
+    )
+    report = TeachingReport(context, parse_report(scrub(round_.model_report, forbidden)))
+    folder = _export_folder(page, "teaching-report-")
     allowed = bool(values["identifiers"]) and page.settings.sr_include_identifiers
     try:
         sr = sr_bytes(report, round_.display.dicom_identity, include_identifiers=allowed)
@@ -78,7 +101,7 @@ def export_session(page: TeachingPage, values: dict) -> dict:
     held = session_of(values).value
     if not held.records:
         raise refused("Nothing to export yet: reveal at least one case.", logger, "teaching")
-    folder = Path(tempfile.mkdtemp(prefix="teaching-session-", dir=page.export_root))
+    folder = _export_folder(page, "teaching-session-")
     records = list(held.records)
     stem = export_stem("teaching-session", f"{len(records)}-cases")
     csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden).encode("utf-8"))

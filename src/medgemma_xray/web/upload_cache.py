@@ -160,8 +160,10 @@ class UploadLedger:
     for them, and a way to tell an upload from the server's own files (previews, report exports) in the same cache.
 
     Gradio keeps an upload until its cache cleanup (CACHE_MAX_AGE_S, 10 minutes by default), and one request may
-    carry any number of files: 40 x 4 MiB added 160 MiB in 2 s. The route guard (medgemma_xray.web.http_guards) asks here
-    before an upload is accepted, and records what Gradio stored after.
+    carry any number of files: 40 x 4 MiB added 160 MiB in 2 s. The upload route (medgemma_xray.web.upload_route)
+    reserves each chunk's bytes here before writing it, so the quota holds however many requests write at once,
+    and records the files it stored (their reservation becomes their size). Bytes of uploads already read (the
+    inbox deletes each one) come back to the quota when a reservation would not fit.
     """
 
     def __init__(self, quota_bytes: int, max_age_s: float, clock=time.monotonic) -> None:
@@ -169,17 +171,39 @@ class UploadLedger:
         self.max_age_s = max_age_s
         self.clock = clock
         self._files: dict[str, tuple[float, int]] = {}  # resolved path -> (time recorded, bytes)
+        self._stored = 0  # the sum of the sizes in _files
+        self._reserved = 0  # bytes being written by requests not finished yet
         self._lock = threading.Lock()
 
-    def record(self, paths: list[str]) -> None:
+    def reserve(self, size: int) -> bool:
+        """Set `size` bytes aside for a write about to happen; False (nothing set aside) if the quota has no room."""
+        with self._lock:
+            if self._stored + self._reserved + size > self.quota_bytes:
+                self._forget_gone()
+                if self._stored + self._reserved + size > self.quota_bytes:
+                    return False
+            self._reserved += size
+            return True
+
+    def release(self, size: int) -> None:
+        """Give back a reservation whose bytes were not kept (a refused request's, deleted)."""
+        with self._lock:
+            self._reserved = max(0, self._reserved - size)
+
+    def record(self, paths: list[str], reserved: int = 0) -> None:
+        """The files a request stored; `reserved`, the bytes it set aside for them, is given back."""
         now = self.clock()
         with self._lock:
+            self._reserved = max(0, self._reserved - reserved)
             for named in paths:
                 try:
                     path = Path(named).resolve()
-                    self._files[str(path)] = (now, path.stat().st_size)
+                    size = path.stat().st_size
                 except (OSError, ValueError, TypeError):
                     continue
+                self._stored -= self._files.get(str(path), (0.0, 0))[1]
+                self._files[str(path)] = (now, size)
+                self._stored += size
 
     def is_upload(self, path: str | os.PathLike) -> bool:
         try:
@@ -190,12 +214,10 @@ class UploadLedger:
             return resolved in self._files
 
     def held_bytes(self) -> int:
-        """Bytes of uploads still on disk (the inbox deletes each upload once read)."""
+        """Bytes of uploads still on disk (the inbox deletes each upload once read), plus those being written."""
         with self._lock:
-            gone = [path for path in self._files if not os.path.exists(path)]
-            for path in gone:
-                del self._files[path]
-            return sum(size for _, size in self._files.values())
+            self._forget_gone()
+            return self._stored + self._reserved
 
     def remove_expired(self) -> int:
         """Delete uploads older than max_age_s that nobody read; returns how many."""
@@ -203,12 +225,19 @@ class UploadLedger:
         with self._lock:
             old = [path for path, (when, _) in self._files.items() if when < cutoff]
             for path in old:
-                del self._files[path]
+                self._stored -= self._files.pop(path)[1]
         for path in old:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         return len(old)
 
     def has_room_for(self, incoming_bytes: int) -> bool:
+        """Whether a request of this many bytes would fit now (a quick refusal before reading its body; the
+        reservation per chunk is what holds the quota)."""
         self.remove_expired()
         return self.held_bytes() + incoming_bytes <= self.quota_bytes
+
+    def _forget_gone(self) -> None:
+        gone = [path for path in self._files if not os.path.exists(path)]
+        for path in gone:
+            self._stored -= self._files.pop(path)[1]

@@ -4,14 +4,13 @@ Decoders size their output from the codestream, not from the DICOM header or a f
 must be found wherever the codestream puts it: JPEG frame headers after any number of APPn/COM segments (skipped by
 their lengths), JPEG 2000's SIZ after any JP2 boxes (walked by their lengths), and in DICOM after the codestream is
 split over fragments (PS3.5 A.4), read across fragment boundaries without joining them. A progressive JPEG's scans
-are counted the same way (each scan that carries data costs the decoder a pass over the whole image). Nothing here
-decodes pixels.
+are counted over the whole codestream, fragments included (each scan that carries data costs the decoder a pass
+over the whole image). Nothing here decodes pixels.
 """
 
 from __future__ import annotations
 
 import bisect
-import re
 from dataclasses import dataclass
 
 # Frame headers: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC), DHP (hierarchical), SOF55 (JPEG-LS).
@@ -22,8 +21,7 @@ MAX_SEGMENTS = 20_000  # marker segments walked before giving up: real files hav
 MAX_BOXES = 1_000  # JP2 boxes walked before the codestream box: real files have a handful
 MAX_FRAGMENTS = 1 << 20
 ITEM, SEQUENCE_DELIMITER = b"\xfe\xff\x00\xe0", b"\xfe\xff\xdd\xe0"  # (FFFE,E000), (FFFE,E0DD), little endian
-# The next marker after entropy-coded data: 0xFF then anything but a stuffed 0x00, an RST or a fill 0xFF.
-_NEXT_MARKER = re.compile(rb"\xff(?=[^\x00\xd0-\xd7\xff])")
+_COUNT_CHUNK = 1 << 20  # count_jpeg_scans reads this much at a time
 
 
 @dataclass(frozen=True)
@@ -31,7 +29,6 @@ class DeclaredImage:
     width: int
     height: int
     components: int
-    scans: int = 0  # counted only by count_jpeg_scans
 
 
 # What the readers accept: anything memoryview() takes that the decoders hand us.
@@ -177,35 +174,18 @@ def _jp2_size(stream: Stream) -> DeclaredImage | None:
     return None
 
 
-def count_jpeg_scans(data: ByteSource, limit: int) -> int:
-    """The number of scans (SOS markers) in a JPEG, walking segments by length and entropy-coded data to the next
-    marker; stops counting at limit + 1. A baseline JPEG has one scan per component layout; progressive encoders
-    write about ten."""
-    view = memoryview(data)
-    position, scans, steps = 2, 0, 0
-    while position + 4 <= len(view) and steps < MAX_SEGMENTS + limit:
-        steps += 1
-        if view[position] != 0xFF:
-            return scans  # damaged: the decoder says so
-        kind = view[position + 1]
-        if kind == 0xFF:
-            position += 1
-            continue
-        if kind in STANDALONE_MARKERS:
-            position += 2
-            continue
-        if kind == EOI:
-            return scans
-        length = int.from_bytes(view[position + 2 : position + 4], "big")
-        if length < 2:
-            return scans
-        position += 2 + length
-        if kind == SOS:
-            scans += 1
-            if scans > limit:
-                return scans
-            found = _NEXT_MARKER.search(data, position)
-            if found is None:
-                return scans
-            position = found.start()
+def count_jpeg_scans(stream: Stream) -> int:
+    """An upper bound on the scans (SOS markers) a JPEG decoder can read from this codestream: every 0xFF 0xDA
+    pair in it, across fragment boundaries, with no early return.
+
+    A decoder finds a marker as 0xFF, any number of 0xFF fill bytes, then the marker's code, and resynchronises
+    past damaged bytes to the next 0xFF, so every scan it reads stands on these two bytes. Entropy-coded data
+    never holds them (a 0xFF there is followed by a stuffed 0x00 or an RST), so only segment payloads (an EXIF
+    thumbnail's own scans, by chance an ICC profile) add to the count. A walk of the segments by their lengths
+    stops at fill bytes, COM segments or a damaged byte, and a stop read as "no scans" lets a bomb through; this
+    count has nothing to stop at. Baseline JPEGs have one scan per component layout; progressive encoders write
+    about ten."""
+    scans = 0
+    for offset in range(0, len(stream), _COUNT_CHUNK):  # chunks overlap by one byte: a pair on a seam counts once
+        scans += stream.read(offset, _COUNT_CHUNK + 1).count(b"\xff\xda")
     return scans

@@ -316,6 +316,7 @@ def _check_codestream_size(dataset: Dataset, syntax: UID, rows: int, columns: in
     wherever it is (medgemma_xray.xray_io.codestream walks every fragment, marker and box); a codestream with no size found is
     refused, never decoded on trust."""
     from medgemma_xray.xray_io.codestream import Fragments, declared_image
+    from medgemma_xray.xray_io.raster import refuse_scan_bomb
 
     if str(syntax) == RLE_SYNTAX:
         return
@@ -343,6 +344,8 @@ def _check_codestream_size(dataset: Dataset, syntax: UID, rows: int, columns: in
             f"The header says one sample per pixel but the compressed image inside has {declared.components} "
             "components; the file is inconsistent. Export the film again from the PACS as grayscale."
         )
+    if fragments is not None and fragments.read(0, 2) == b"\xff\xd8":  # JPEG and JPEG-LS: scans, as in a file
+        refuse_scan_bomb(fragments)
 
 
 def _value(dataset: Dataset, keyword: str, label: str) -> Any:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from medgemma_xray.xray_io.codestream import Bytes, Stream, count_jpeg_scans
 from medgemma_xray.xray_io.errors import CorruptImageError, ImageTooLargeError, UnsupportedImageError
 from medgemma_xray.xray_io.radiograph import Radiograph, to_display_uint8
 from medgemma_xray.xray_io.values import FilmValues, raster_values
@@ -67,7 +68,7 @@ def _read_raster(data: bytes, max_pixels: int, keep_values: bool) -> tuple[Radio
         raise _too_large(f"{width}x{height} pixels ({width * height / 1e6:.0f} Mpx)", max_pixels)
     warnings: list[str] = ["No DICOM header: the view position (PA) could not be checked."]
     if image.format in ("JPEG", "MPO"):
-        _refuse_scan_bomb(data)
+        refuse_scan_bomb(Bytes(data))
     if image.format == "MPO":  # Pillow opens the first image; the others (a depth map, a preview) are ignored
         warnings.append(
             f"The file holds {getattr(image, 'n_frames', 1)} images (MPO, as phones write); the first was read."
@@ -93,11 +94,9 @@ def _read_raster(data: bytes, max_pixels: int, keep_values: bool) -> tuple[Radio
     return Radiograph(pixels=film, source=f"{kind} {depth}", warnings=tuple(warnings)), values
 
 
-def _refuse_scan_bomb(data: bytes) -> None:
-    from medgemma_xray.xray_io.codestream import count_jpeg_scans
-
-    scans = count_jpeg_scans(data, MAX_JPEG_SCANS)
-    if scans > MAX_JPEG_SCANS:
+def refuse_scan_bomb(stream: Stream) -> None:
+    """Refuse a JPEG codestream (a file's, or a DICOM frame's fragments) with more than MAX_JPEG_SCANS scans."""
+    if count_jpeg_scans(stream) > MAX_JPEG_SCANS:
         raise UnsupportedImageError(
             f"The JPEG is split into more than {MAX_JPEG_SCANS} scans (progressive encoders write about ten, and "
             "each scan that carries data costs the decoder another pass over the whole image), so it was refused "

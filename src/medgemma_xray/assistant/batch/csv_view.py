@@ -1,5 +1,6 @@
 """results.csv: a spreadsheet view of results.jsonl, regenerated from it (never appended), one row per record and,
-for questions, one row per question. Columns are those of the tasks present."""
+for questions, one row per question. Columns are those of the tasks present. Text cells are neutralised against
+formula injection (assistant.spreadsheet): a file name or an answer that starts with = or - is shown as text."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from medgemma_xray.assistant.batch.journal import write_atomically
 from medgemma_xray.assistant.report_schema import REPORT_FIELDS
+from medgemma_xray.assistant.spreadsheet import row_cells
 
 CSV_NAME = "results.csv"
 COMMON = ["film_id", "file", "task", "status", "error_class", "error_message", "source", "view_position", "warnings"]
@@ -111,7 +113,7 @@ def write_csv(output_dir: Path, records: list[dict]) -> Path:
     writer.writeheader()
     for record in records:
         for row in record_rows(record):
-            writer.writerow(row)
+            writer.writerow(row_cells(row))
     path = Path(output_dir) / CSV_NAME
     write_atomically(path, text.getvalue().encode("utf-8"))
     return path

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from medgemma_xray.assistant.batch.journal import write_atomically
+from medgemma_xray.assistant.spreadsheet import row_cells
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def write_index(output_dir: Path, records: Iterable[dict]) -> Path:
         row = {"film_id": record["film_id"], "shard": record["result"]["shard"], "row": record["result"]["row"]}
         if "file" in columns:
             row["file"] = record.get("file", "")
-        writer.writerow(row)
+        writer.writerow(row_cells(row))
     path = Path(output_dir) / FEATURES_DIR / INDEX_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, text.getvalue().encode("utf-8"))
