@@ -73,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     switch = commands.add_parser("switch")
     switch.add_argument("mode", choices=["pytorch", "trt"])
     args = parser.parse_args(argv)
+    import os
+
+    from medgemma_xray.scaleout.cluster import ClusterConfigError, ray_environment
+
+    try:  # this cluster's token and, unless ALLOW_RAY_NETWORK, Ray's single-host (loopback) mode
+        network = os.environ.get("ALLOW_RAY_NETWORK", "").lower() in ("1", "true", "yes", "on")
+        os.environ.update(ray_environment(dict(os.environ), network, create_token=False))
+    except ClusterConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import ray
     from ray import serve
 

@@ -44,6 +44,7 @@ def build_http_app(
     from fastapi import FastAPI, Response
     from fastapi.responses import JSONResponse
 
+    from medgemma_xray.web.body_deadline import BodyDeadline
     from medgemma_xray.web.gradio_queue import tune_queue
     from medgemma_xray.web.http_guards import CallShapes, FileReferenceGuard, PoliteBusyQueue, RouteGuard
     from medgemma_xray.web.upload_cache import UploadLedger
@@ -100,7 +101,34 @@ def build_http_app(
         max_files=settings.max_files_per_request,
         max_upload_bytes=settings.max_file_size_bytes,
     )
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)  # outermost: every body reader is bounded
     return app
+
+
+def guarded_uvicorn_config(app, settings: Settings):
+    """uvicorn's configuration for every listener of this project (the single server and the Ray Serve ingress):
+    the head timeout and the connection budget in the protocol, a bounded head, no access log."""
+    import uvicorn
+
+    from medgemma_xray.web.connection_budget import PROBE_RESERVE, ConnectionBook
+    from medgemma_xray.web.listener import guarded_protocol
+
+    book = ConnectionBook(per_client=settings.per_client_connections, max_connections=settings.max_connections)
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        log_config=None,  # uvicorn's records go through our handler and its repeat limiter, not to the console
+        access_log=False,  # URLs name files
+        timeout_graceful_shutdown=3,
+        http=guarded_protocol(settings.header_timeout_s, book),  # h11 with the head timeout and the budget
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        # the hard ceiling: past MAX_CONNECTIONS only the probes are served, in PROBE_RESERVE more connections;
+        # beyond that uvicorn answers 503 at once, never a stalled accept()
+        limit_concurrency=settings.max_connections + PROBE_RESERVE,
+    )
 
 
 def limit_session_state(demo, settings: Settings) -> None:
@@ -207,7 +235,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
     for tests (default: medgemma_xray.serving.factory.create_backend). Exit status (serving/exit_codes.py): 0 stopped cleanly,
     1 start-up failed, 2 bad configuration, 98 port in use."""
     from medgemma_xray.serving import exit_codes
-    from medgemma_xray.web.listener import PortInUseError, header_timeout_protocol, raise_open_file_limit, reserve_port
+    from medgemma_xray.web.listener import PortInUseError, raise_open_file_limit, reserve_port
 
     args = parse_args(argv)
     os.umask(0o077)  # everything the server writes (logs, cached previews, uploads, socket) is private to its user
@@ -252,8 +280,6 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
             settings.max_connections,
         )
 
-    import uvicorn
-
     from medgemma_xray.serving.service import InferenceService
 
     service: ServingProcess = (
@@ -273,19 +299,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         listener.close()
         return exit_codes.startup_exit_code(exc)  # 2 for what a restart cannot fix (issue 17)
     app = build_http_app(service, build_ui(service, UploadInbox(cache.path)), cache.path, auth=auth, extend=extend)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        log_config=None,  # uvicorn's records go through our handler and its repeat limiter, not to the console
-        access_log=False,  # URLs name files
-        timeout_graceful_shutdown=3,
-        http=header_timeout_protocol(settings.header_timeout_s),  # h11, closing connections that send no request
-        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
-        timeout_keep_alive=settings.keep_alive_timeout_s,
-        limit_concurrency=settings.max_connections,  # beyond it: an immediate 503, never a stalled accept()
-    )
+    config = guarded_uvicorn_config(app, settings)
     server = draining_server(config, service, settings.drain_timeout_s)
     logger.info(
         "serving on http://%s:%d (mode %s, login %s)",
