@@ -51,12 +51,13 @@ def build_http_app(
 
     api = FastAPI(title="MedGemma X-Ray assistant", **NO_API_DOCS)
 
+    # The probes are coroutines: they never wait for a worker thread, whatever holds the pool.
     @api.get("/healthz")
-    def liveness():
+    async def liveness():
         return {"status": "alive"}
 
     @api.get("/readyz")
-    def readiness():
+    async def readiness():
         ready = service.ready.is_set()
         # "instance": this start's id, so start_gradio.sh never takes another server's answer for its own.
         body = {"ready": ready, "mode": service.mode, "instance": service.settings.instance_id}
@@ -67,9 +68,11 @@ def build_http_app(
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
+    from medgemma_xray.web.login_guard import LoginGuard, LoginThrottle
     from medgemma_xray.web.openai import add_openai_routes  # the OpenAI-compatible API, before Gradio's "/"
 
-    add_openai_routes(api, service, auth)
+    guard = LoginGuard(auth) if auth is not None else None  # one scrypt pool and one failure book for both doors
+    add_openai_routes(api, service, guard)
     settings = service.settings
     if extend is not None:
         extend(api, service)
@@ -84,7 +87,7 @@ def build_http_app(
         app_kwargs=dict(NO_API_DOCS),
         show_error=False,  # errors reach the user only as the handlers' own gr.Error messages: no server paths
         max_file_size=settings.max_file_size_bytes,
-        auth=auth,
+        auth=guard.gradio_auth if guard is not None else None,  # a coroutine: Gradio awaits it, off its loop
         run_history=False,  # else the browser keeps every film and question for the next user of a shared PC
         auth_message="Log in with the name and password the operator gave you." if auth else None,
     )
@@ -101,6 +104,8 @@ def build_http_app(
         max_files=settings.max_files_per_request,
         max_upload_bytes=settings.max_file_size_bytes,
     )
+    if guard is not None:
+        app.add_middleware(LoginThrottle, guard=guard)
     app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)  # outermost: every body reader is bounded
     return app
 
