@@ -107,6 +107,19 @@ secure_log_dir_path() {
   done
 }
 
+# The console log holds only what bypasses the server's logging (the server routes what libraries print into its
+# rotating log); it is rotated here, at a start, as the log is (10 MiB, 5 old files), so even that stays bounded.
+CONSOLE_LOG_MAX_BYTES=$((10 << 20))
+rotate_console_log() {
+  local index
+  [[ -f "${CONSOLE_LOG}" && ! -L "${CONSOLE_LOG}" ]] || return 0
+  (($(stat -c %s -- "${CONSOLE_LOG}") > CONSOLE_LOG_MAX_BYTES)) || return 0
+  for index in 4 3 2 1; do
+    [[ -f "${CONSOLE_LOG}.${index}" && ! -L "${CONSOLE_LOG}.${index}" ]] && mv -f -- "${CONSOLE_LOG}.${index}" "${CONSOLE_LOG}.$((index + 1))"
+  done
+  mv -f -- "${CONSOLE_LOG}" "${CONSOLE_LOG}.1"
+}
+
 require_venv() {
   [[ -x "${VENV_PYTHON}" ]] || die "no virtual environment at ${REPO_ROOT}/.venv; run scripts/setup_env.sh first"
 }

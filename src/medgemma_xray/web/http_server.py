@@ -245,6 +245,10 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
     args = parse_args(argv)
     os.umask(0o077)  # everything the server writes (logs, cached previews, uploads, socket) is private to its user
     log_limiter = configure_logging(args.log_file)
+    if args.log_file is not None:  # under start_gradio.sh and systemd: what libraries print goes to the log too
+        from medgemma_xray.serving.console_log import capture_console
+
+        capture_console()
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # read by gradio at import: no telemetry calls out
     try:
         settings = Settings.from_env(
