@@ -4,6 +4,7 @@ OpenAI's error shape at the API) before any scrypt, while another address still 
 
 from __future__ import annotations
 
+import socket
 import statistics
 import subprocess
 import sys
@@ -15,12 +16,14 @@ import pytest
 
 from medgemma_xray.web.login_guard import FREE_FAILURES
 from tests.conftest import REPO_ROOT, ServerProcess, start_server
+from tests.test_connection_budget import status_of
 
 pytestmark = pytest.mark.slow
 
 PASSWORD = "ward round 2026"
 GUESSERS = 48
-HEALTHZ_BOUND_S = 10  # generous: on the event loop, scrypt held /healthz for a median 10 s and up to 60 s
+HEALTHZ_BOUND_S = 10
+PER_LOGIN = 8  # generous: on the event loop, scrypt held /healthz for a median 10 s and up to 60 s
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,17 @@ def server(tmp_path_factory, demo_model_dir) -> ServerProcess:
         timeout=60,
     )
     assert added.returncode == 0, added.stderr
-    server = start_server(folder / "logs", env={"AUTH_FILE": str(credentials)})
+    second = subprocess.run(
+        [sys.executable, "-m", "medgemma_xray.web.http_auth", "add", "--file", str(credentials), "--user", "student"],
+        cwd=REPO_ROOT,
+        input=PASSWORD + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 0, second.stderr
+    env = {"AUTH_FILE": str(credentials), "PER_CLIENT_CONNECTIONS": str(PER_LOGIN)}
+    server = start_server(folder / "logs", env=env)
     yield server
     server.stop()
 
@@ -113,3 +126,32 @@ def test_the_sixth_wrong_key_from_one_address_is_throttled_at_both_doors(server)
         )
         assert other.post(f"{server.url}/login", data={"username": "teacher", "password": PASSWORD}).status_code == 200
     assert PASSWORD not in server.log_text
+
+
+def test_one_login_on_many_addresses_holds_at_most_its_share(server):
+    with client_from("127.0.8.1") as page:
+        logged_in = page.post(f"{server.url}/login", data={"username": "teacher", "password": PASSWORD})
+        assert logged_in.status_code == 200, logged_in.text
+        cookie = "; ".join(f"{name}={value}" for name, value in page.cookies.items())
+        by_key = page.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer teacher:{PASSWORD}"})
+        assert by_key.status_code == 200, "the same login's API key, checked once"
+    host, port = server.url.removeprefix("http://").split(":")
+    held, statuses = [], []
+    try:
+        for index in range(PER_LOGIN + 4):  # each from its own address: the address budget is not what stops it
+            sock = socket.create_connection((host, int(port)), timeout=30, source_address=(f"127.0.8.{index + 2}", 0))
+            held.append(sock)
+            sock.sendall(
+                f"GET /gradio_api/heartbeat/login{index} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n\r\n".encode()
+            )
+            statuses.append(status_of(sock))
+        assert statuses[:PER_LOGIN] == [200] * PER_LOGIN and set(statuses[PER_LOGIN:]) == {503}, statuses
+        with client_from("127.0.8.100") as elsewhere:  # the probes, and another login, are answered
+            assert elsewhere.get(f"{server.url}/healthz", headers={"Cookie": cookie}).status_code == 200
+            other = elsewhere.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer student:{PASSWORD}"})
+            assert other.status_code == 200, other.text
+            busy = elsewhere.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer teacher:{PASSWORD}"})
+            assert busy.status_code == 503 and busy.headers["retry-after"], "the same login, by its API key"
+    finally:
+        for sock in held:
+            sock.close()

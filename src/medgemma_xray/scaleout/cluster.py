@@ -44,6 +44,11 @@ class ClusterConfigError(RuntimeError):
     """A configuration the launcher refuses; the message says what to change."""
 
 
+def network_allowed(environ: dict[str, str]) -> bool:
+    """ALLOW_RAY_NETWORK=1 (or true, yes, on): the operator asks for Ray on the network."""
+    return environ.get("ALLOW_RAY_NETWORK", "").lower() in ("1", "true", "yes", "on")
+
+
 def token_path(environ: dict[str, str]) -> Path:
     """Where Ray reads the token: RAY_AUTH_TOKEN_PATH, else Ray's default ~/.ray/auth_token."""
     explicit = environ.get("RAY_AUTH_TOKEN_PATH")
@@ -131,8 +136,7 @@ def _ray_tool(name: str) -> list[str]:
 
 def _network_choice(args: argparse.Namespace, environ: dict[str, str]) -> None:
     """--allow-network / ALLOW_RAY_NETWORK=1 need the address to listen on, named by the operator."""
-    if not args.allow_network and environ.get("ALLOW_RAY_NETWORK", "").lower() in ("1", "true", "yes", "on"):
-        args.allow_network = True
+    args.allow_network = args.allow_network or network_allowed(environ)
     args.node_ip = args.node_ip or environ.get("RAY_NODE_IP") or None
     if args.allow_network and not args.node_ip:
         raise ClusterConfigError(
@@ -202,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("start", "join"):
             _network_choice(args, environ)
             return start(args, environ) if args.command == "start" else join(args, environ)
-        allow_network = environ.get("ALLOW_RAY_NETWORK", "").lower() in ("1", "true", "yes", "on")
-        env = ray_environment(environ, allow_network, create_token=False)
+        env = ray_environment(environ, network_allowed(environ), create_token=False)
         if args.command == "stop":
             return 0 if _run([*_ray_tool("ray"), "stop"], env) == 0 else 1
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

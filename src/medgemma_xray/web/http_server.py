@@ -68,7 +68,7 @@ def build_http_app(
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
-    from medgemma_xray.web.login_guard import LoginGuard, LoginThrottle
+    from medgemma_xray.web.login_guard import LoginBudget, LoginGuard, LoginThrottle
     from medgemma_xray.web.openai import add_openai_routes  # the OpenAI-compatible API, before Gradio's "/"
 
     guard = LoginGuard(auth) if auth is not None else None  # one scrypt pool and one failure book for both doors
@@ -105,6 +105,7 @@ def build_http_app(
         max_upload_bytes=settings.max_file_size_bytes,
     )
     if guard is not None:
+        app.add_middleware(LoginBudget, guard=guard, per_login=settings.per_client_connections)
         app.add_middleware(LoginThrottle, guard=guard)
     app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)  # outermost: every body reader is bounded
     return app

@@ -14,6 +14,7 @@ would otherwise tell the guesser which one was right).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -36,6 +37,10 @@ MAX_BACKOFF_S = 900.0
 FORGET_S = 3600.0
 TRACKED_ADDRESSES = 10_000
 LOGIN_ROUTES = ("/login", "/login/")
+LOGIN_FULL_MESSAGE = (
+    "This login already holds as many connections as one client may (PER_CLIENT_CONNECTIONS). "
+    "Close some (other tabs, streams or uploads) and retry."
+)
 
 
 def throttled_message(retry_after_s: int) -> str:
@@ -91,12 +96,42 @@ class FailedLogins:
 
 
 class LoginGuard:
-    """The one place a name and password are checked, for the pages (Gradio's auth) and the API (BearerCheck)."""
+    """The one place a name and password are checked, for the pages (Gradio's auth) and the API (BearerCheck),
+    and the one record of which credential (a page session's cookie, an API key) belongs to which login name."""
 
     def __init__(self, check: Callable[[str, str], bool]) -> None:
         self.check = check
         self.failures = FailedLogins()
         self._limiter: CapacityLimiter | None = None  # made on the event loop that first needs it
+        self._names: OrderedDict[str, str] = OrderedDict()  # credential key -> the login name it proved
+        self._names_lock = threading.Lock()
+
+    def remember(self, credential: str, name: str) -> None:
+        """A credential that passed the check ("cookie:<token>" or "bearer:<sha256>"), for LoginBudget."""
+        with self._names_lock:
+            self._names[credential] = name
+            self._names.move_to_end(credential)
+            while len(self._names) > TRACKED_ADDRESSES:
+                self._names.popitem(last=False)
+
+    def name_of(self, headers) -> str | None:
+        """The login name a request's verified credential belongs to; None for none or an unverified one."""
+        found = None
+        for key, value in headers:
+            if key == b"authorization":  # read as BearerCheck reads it (Starlette decodes headers as Latin-1)
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer":
+                    digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).hexdigest()
+                    found = found or f"bearer:{digest}"
+            elif key == b"cookie":
+                for part in value.decode("latin-1").split(";"):
+                    cookie, _, token = part.strip().partition("=")
+                    if cookie.startswith("access-token") and token:
+                        found = found or f"cookie:{token}"
+        if found is None:
+            return None
+        with self._names_lock:
+            return self._names.get(found)
 
     async def verify(self, name: str, password: str) -> bool:
         """scrypt in a worker thread, SCRYPT_AT_ONCE at most at a time in the whole server."""
@@ -140,13 +175,62 @@ class LoginThrottle:
             )
             return await send({"type": "http.response.body", "body": body})
 
+        form = bytearray()
+
+        async def read_form():
+            message = await receive()
+            if message["type"] == "http.request" and len(form) < 1 << 16:
+                form.extend(message.get("body", b"")[: (1 << 16) - len(form)])
+            return message
+
         async def recorded(message) -> None:
             if message["type"] == "http.response.start":
                 if message["status"] == 200:
                     self.guard.failures.succeeded(address)
+                    self._remember_session(bytes(form), message.get("headers", []))
                 elif message["status"] in (400, 401):
                     self.guard.failures.failed(address)
                     logger.warning("UI login refused")
             await send(message)
 
-        await self.app(scope, receive, recorded)
+        await self.app(scope, read_form, recorded)
+
+    def _remember_session(self, form: bytes, headers) -> None:
+        """The session cookie Gradio set for the name that logged in (its form's username, as Gradio strips it)."""
+        from urllib.parse import parse_qs
+
+        names = parse_qs(form.decode("utf-8", "replace")).get("username") or [""]
+        for key, value in headers:
+            if key.lower() == b"set-cookie":
+                cookie, _, rest = value.decode("latin-1").partition("=")
+                if cookie.startswith("access-token") and names[0].strip():
+                    self.guard.remember(f"cookie:{rest.split(';', 1)[0]}", names[0].strip())
+
+
+class LoginBudget:
+    """Requests in flight per login name, on top of the budget per address: one user on many addresses (or a
+    stolen key) holds at most `per_login` of them. A credential counts once the check has passed for it, so a
+    wrong key cannot spend another user's budget. The probes are never counted."""
+
+    def __init__(self, app, guard: LoginGuard, per_login: int) -> None:
+        self.app, self.guard, self.per_login = app, guard, per_login
+        self._open: dict[str, int] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        from medgemma_xray.web.connection_budget import PROBE_PATHS, over_budget_app
+
+        if scope["type"] != "http" or scope.get("path") in PROBE_PATHS:
+            return await self.app(scope, receive, send)
+        name = self.guard.name_of(scope.get("headers") or [])
+        if name is None:
+            return await self.app(scope, receive, send)
+        if self._open.get(name, 0) >= self.per_login:
+            logger.warning("refused a request: its login holds its share of connections")
+            return await over_budget_app(self.app, LOGIN_FULL_MESSAGE)(scope, receive, send)
+        self._open[name] = self._open.get(name, 0) + 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open[name] -= 1
+            if self._open[name] <= 0:
+                del self._open[name]

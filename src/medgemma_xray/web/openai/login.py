@@ -62,6 +62,7 @@ class BearerCheck:
             logger.warning("API login refused")
             raise _refusal("The API key (name:password) is not valid.")
         self.guard.failures.succeeded(address)
+        self.guard.remember(f"bearer:{hashlib.sha256(token.encode('utf-8', 'surrogatepass')).hexdigest()}", name)
         with self._lock:
             self._verified[digest] = (name, time.monotonic())
             while len(self._verified) > REMEMBERED_TOKENS:
