@@ -125,3 +125,30 @@ def test_files_are_private_and_stop_ignores_a_copied_pid_file(tmp_path):
         assert op.status_json()["running"] is True
     finally:
         op.cleanup()
+
+
+def test_the_server_itself_refuses_a_planted_log_dir_link_when_run_without_the_scripts(tmp_path):
+    """app.py run directly (a container, the Ray ingress) applies the same rule before it writes its socket,
+    token or upload cache."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT
+
+    target = tmp_path / "target"
+    target.mkdir(mode=0o700)
+    planted = tmp_path / "medgemma-logs"
+    planted.symlink_to(target)
+    env = {key: value for key, value in os.environ.items() if key not in ISOLATED_VARIABLES}
+    env["LOG_DIR"] = str(planted)
+    done = subprocess.run(
+        [sys.executable, "app.py", "--port", str(free_port())],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{planted} is a symbolic link" in done.stderr
+    assert list(target.iterdir()) == []

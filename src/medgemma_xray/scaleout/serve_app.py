@@ -55,6 +55,7 @@ def split_args(args: dict) -> tuple[dict, dict]:
 def build_ingress_app(handle, settings_overrides: dict) -> tuple[Any, ServingProcess, Any]:
     """FastAPI app of the ingress replica: the single server's build_http_app over a ReplicaSetService."""
     from medgemma_xray.scaleout.remote_service import ReplicaSetService
+    from medgemma_xray.serving.log_dir import check_log_dir_path
     from medgemma_xray.serving.settings import Settings
     from medgemma_xray.web.app import build_ui
     from medgemma_xray.web.http_auth import authenticator
@@ -62,6 +63,7 @@ def build_ingress_app(handle, settings_overrides: dict) -> tuple[Any, ServingPro
     from medgemma_xray.web.upload_cache import PrivateCache, UploadInbox
 
     settings = Settings.from_env(**settings_overrides)
+    check_log_dir_path(settings.log_dir)  # the ingress writes its upload cache there
     auth = authenticator(settings.auth_file) if settings.auth_file else None
     cache = PrivateCache.open(settings.upload_cache_path)  # before gradio is imported: sets GRADIO_TEMP_DIR
     service: ServingProcess = ReplicaSetService(handle, settings)

@@ -264,9 +264,11 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         if not settings.instance_id:
             settings = settings.with_overrides(instance_id=uuid.uuid4().hex)
         log_limiter.rate_per_s = settings.log_repeats_per_minute / 60.0
+        from medgemma_xray.serving.log_dir import check_log_dir_path
         from medgemma_xray.web.http_auth import authenticator
         from medgemma_xray.web.upload_cache import PrivateCache, UploadInbox
 
+        check_log_dir_path(settings.log_dir)  # before anything is written under it
         auth = authenticator(settings.auth_file) if settings.auth_file else None
         cache = PrivateCache.open(settings.upload_cache_path)  # before gradio is imported: sets GRADIO_TEMP_DIR
     except (SettingsError, ValueError) as exc:  # ValueError: the upload cache or the login file
