@@ -55,7 +55,7 @@ def write_random_checkpoint(folder: Path) -> None:
 
 def serve_config(args, port: int) -> dict:
     base = yaml.safe_load((REPO / "deploy/ray/medgemma-cpu-demo.yaml").read_text())
-    base["http_options"] = {"host": "127.0.0.1", "port": port}
+    base["http_options"] = {"host": "127.0.0.1", "port": free_port()}  # Serve's proxy: loopback, none of the app
     users = args.users_per_replica
     app_args = {
         "replicas": args.replicas,
@@ -64,6 +64,8 @@ def serve_config(args, port: int) -> dict:
         "queue_size": 1000,
         "max_new_tokens": args.answer_tokens,
         "request_timeout_s": 3600,
+        "host": "127.0.0.1",  # the ingress's guarded listener
+        "port": port,
     }
     if args.cpu_demo:
         app_args.update(gpus_per_replica=0, cpus_per_replica=0.5, device="cpu")
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     config = args.output / "serve.yaml"
     config.write_text(yaml.safe_dump(serve_config(args, port), sort_keys=False))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "LOG_DIR": str(args.output / "logs")}
+    # serve run's own local cluster, as the launcher runs one: Ray's token on, every Ray port on loopback
+    env.update(RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     serve = Path(sys.executable).with_name("serve")
     with open(args.output / "serve.log", "wb") as log:
         process = subprocess.Popen(

@@ -6,6 +6,8 @@ VENV_PYTHON="${REPO_ROOT}/.venv/bin/python"
 # The server is started by this absolute path, and a PID only counts as ours if its command line names it.
 APP_PY="${REPO_ROOT}/app.py"
 LOG_DIR="${LOG_DIR:-${REPO_ROOT}/logs}"
+# The path as given (absolute, "." and ".." removed, links not followed): secure_log_dir checks each of its parts.
+LOG_DIR_GIVEN=$(realpath -s -m -- "${LOG_DIR}")
 # One spelling of the folder (absolute, symbolic links resolved): the server's command line carries it, and stop
 # and status recognise a server of this LOG_DIR by it.
 LOG_DIR=$(realpath -m -- "${LOG_DIR}")
@@ -44,6 +46,7 @@ die_config() {
 # and an existing one must belong to this user; without it (stop), only the mode and the links are checked.
 secure_log_dir() {
   local create=${1:-} owner mode name
+  secure_log_dir_path
   if [[ ! -e "${LOG_DIR}" ]]; then
     [[ "${create}" == create ]] || return 0
     mkdir -p -- "$(dirname -- "${LOG_DIR}")"
@@ -69,6 +72,52 @@ secure_log_dir() {
         "put it there."
     fi
   done
+}
+
+# LOG_DIR's own path, as given: a symbolic link in it, or a folder above it that others may write to, lets another
+# user point it elsewhere (a link planted in /tmp sent the control socket, token, logs and uploads into a folder
+# of their choosing) or swap it after the checks. So no part of the path may be a symbolic link, and every folder
+# above it that others may write to must be sticky (as /tmp is: nobody may then rename or delete what is not
+# theirs) and belong to root or to this user.
+secure_log_dir_path() {
+  local path="" part mode owner
+  local -a parts=()
+  IFS=/ read -r -a parts <<<"${LOG_DIR_GIVEN#/}"
+  for part in "${parts[@]}"; do
+    path="${path}/${part}"
+    if [[ -L "${path}" ]]; then
+      die_config "LOG_DIR ${LOG_DIR_GIVEN}: ${path} is a symbolic link. This start never follows one there (another" \
+        "user could point it anywhere); set LOG_DIR to the real folder, $(realpath -m -- "${LOG_DIR_GIVEN}")," \
+        "after checking it is yours."
+    fi
+    [[ -e "${path}" ]] || break
+    [[ "${path}" == "${LOG_DIR_GIVEN}" ]] && break  # LOG_DIR itself: secure_log_dir checks its owner and mode
+    mode=$(stat -c %a -- "${path}")
+    owner=$(stat -c %u -- "${path}")
+    if (((8#${mode} & 8#022) != 0)); then
+      if (((8#${mode} & 8#1000) == 0)); then
+        die_config "LOG_DIR ${LOG_DIR_GIVEN}: the folder ${path} above it is writable by others (mode ${mode})" \
+          "and not sticky, so anyone may replace LOG_DIR there. Choose a LOG_DIR under a folder only you and root" \
+          "may write to (chmod go-w ${path})."
+      elif [[ "${owner}" != 0 && "${owner}" != "${EUID}" ]]; then
+        die_config "LOG_DIR ${LOG_DIR_GIVEN}: the folder ${path} above it is writable by others and belongs to" \
+          "$(stat -c %U -- "${path}"), who may replace LOG_DIR there. Choose a LOG_DIR elsewhere."
+      fi
+    fi
+  done
+}
+
+# The console log holds only what bypasses the server's logging (the server routes what libraries print into its
+# rotating log); it is rotated here, at a start, as the log is (10 MiB, 5 old files), so even that stays bounded.
+CONSOLE_LOG_MAX_BYTES=$((10 << 20))
+rotate_console_log() {
+  local index
+  [[ -f "${CONSOLE_LOG}" && ! -L "${CONSOLE_LOG}" ]] || return 0
+  (($(stat -c %s -- "${CONSOLE_LOG}") > CONSOLE_LOG_MAX_BYTES)) || return 0
+  for index in 4 3 2 1; do
+    [[ -f "${CONSOLE_LOG}.${index}" && ! -L "${CONSOLE_LOG}.${index}" ]] && mv -f -- "${CONSOLE_LOG}.${index}" "${CONSOLE_LOG}.$((index + 1))"
+  done
+  mv -f -- "${CONSOLE_LOG}" "${CONSOLE_LOG}.1"
 }
 
 require_venv() {

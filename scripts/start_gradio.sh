@@ -51,6 +51,7 @@ if [[ -e "${PID_FILE}" ]]; then
   echo "removing stale PID file, control socket and token (the last server did not stop cleanly)"
   remove_stale_files
 fi
+rotate_console_log
 cd "${REPO_ROOT}"
 
 write_pid_file() {

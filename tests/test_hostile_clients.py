@@ -209,7 +209,8 @@ def test_slow_connections_do_not_starve_a_normal_user(tmp_path, film):
         wait_ready(server.url, process)
         first_lines = (log_dir / "gradio_app.log").read_text().splitlines()[:2]
         for _ in range(300):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            # from another loopback address than the normal user's: another client, with its own budget
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.0.2", 0))
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
             slow.append(sock)
         user_ok = threading.Event()

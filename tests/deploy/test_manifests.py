@@ -106,3 +106,24 @@ def test_an_unknown_application_argument_is_refused_by_name():
 
     with pytest.raises(ValueError, match="unknown application argument 'replica'.*replicas"):
         split_args({"replica": 2})
+
+
+def test_the_rayservice_runs_with_ray_token_auth_and_opens_only_the_guarded_ingress():
+    spec = rayservice()["spec"]["rayClusterConfig"]
+    templates = [spec["headGroupSpec"]["template"]] + [group["template"] for group in spec["workerGroupSpecs"]]
+    for template in templates:
+        for container in template["spec"]["containers"]:
+            env = {item["name"]: item for item in container["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token", container["name"]
+            assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], "the token comes from a Secret"
+            ports = {port["containerPort"] for port in container.get("ports", [])}
+            assert not ports & {8265, 8000, 10001}, "no dashboard, Serve proxy or Ray client port is declared"
+    head = spec["headGroupSpec"]
+    assert head["rayStartParams"].get("dashboard-host", "127.0.0.1") != "0.0.0.0"
+    access = documents(K8S / "rayservice-access.yaml")
+    service = next(doc for doc in access if doc["kind"] == "Service")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert [port["targetPort"] for port in service["spec"]["ports"]] == [7860], "only the guarded ingress"
+    policy = next(doc for doc in access if doc["kind"] == "NetworkPolicy")
+    open_to_all = [rule for rule in policy["spec"]["ingress"] if "from" not in rule]
+    assert [port["port"] for rule in open_to_all for port in rule["ports"]] == [7860]

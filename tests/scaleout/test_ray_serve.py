@@ -1,4 +1,4 @@
-"""Ray Serve on CPU with real Ray (`serve run` on deploy/ray/medgemma-cpu-demo.yaml): two replicas of the demo
+"""Ray Serve on CPU with real Ray (`medgemma-xray-ray start deploy/ray/medgemma-cpu-demo.yaml`): two replicas of the demo
 model behind one ingress. 8 clients in their own conversations: every follow-up lands on the replica holding its
 KV (reused tokens > 0). One replica is killed (SIGKILL) during an answer: only that answer fails, with a clear
 retryable error; the conversations go on elsewhere after a re-prefill; Serve restarts the replica and both answer.
@@ -8,7 +8,6 @@ The UI answers through the same ingress, and the control command reaches each re
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import signal
 import subprocess
@@ -20,10 +19,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 
 from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT
+from tests.scaleout.cluster_harness import RayCluster
 from tests.test_app_e2e import answer_text
 
 pytestmark = pytest.mark.slow
@@ -37,35 +36,14 @@ def film_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(quantize(chest_phantom(seed=seed), 8))).decode()
 
 
-class ServeApp:
+class ServeApp(RayCluster):
+    """The CPU configuration started as the docs say (medgemma-xray-ray start), with the random-weight checkpoint:
+    it never stops early, so an answer runs to its limit and the replica killed after an answer's second token is
+    still answering (the trained demo's short answers could end first)."""
+
     def __init__(self, folder: Path, model_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = yaml.safe_load((REPO_ROOT / "deploy/ray/medgemma-cpu-demo.yaml").read_text())
-        config["http_options"]["port"] = self.port
-        # The random-weight checkpoint never stops early: an answer runs to its limit, so the replica killed after
-        # an answer's second token is still answering (the trained demo's short answers could end first).
-        config["applications"][0]["args"].update(model_path=str(model_dir), max_new_tokens=ANSWER_LIMIT)
-        self.config = folder / "serve.yaml"
-        self.config.write_text(yaml.safe_dump(config))
-        self.log = folder / "serve.log"
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_", "MODEL_PATH"))}
-        env.update(
-            PYTHONPATH=str(REPO_ROOT),
-            LOG_DIR=str(folder / "logs"),
-            RAY_USAGE_STATS_ENABLED="0",
-            RAY_DEDUP_LOGS="0",
-            PYTHONUNBUFFERED="1",
-        )
-        self.env = env
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("serve")), "run", str(self.config)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=open(self.log, "ab"),  # noqa: SIM115 (closed with the process)
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        super().__init__(folder, model_dir, replicas=2, extra_args={"max_new_tokens": ANSWER_LIMIT})
+        self.env = {**self.env, "RAY_ADDRESS": f"127.0.0.1:{self.gcs_port}"}
 
     def replicas(self) -> list[dict]:
         try:
@@ -76,25 +54,11 @@ class ServeApp:
     def wait_for_replicas(self, count: int, timeout_s: float = 600, exclude: set[str] = frozenset()) -> list[dict]:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-4000:]
             ready = [r for r in self.replicas() if r.get("ready") and r["id"] not in exclude]
             if len(ready) >= count:
                 return ready
             time.sleep(1)
-        raise TimeoutError(f"{count} replicas not ready; log:\n{self.log.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        """Ctrl-C to `serve run`, then, after 15 s, SIGKILL to its process group: the whole local cluster (no Ray
-        process outlives it here). Alone, `serve run` exits 7-9 s after Ctrl-C; after this module's tests (a
-        replica killed and restarted, a UI session) it printed nothing and did not exit in 60 or 120 s (cause not
-        found; 120 s of every CI run went to that wait)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=15)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # whatever of the cluster is left
-        self.process.wait()
+        raise TimeoutError(f"{count} replicas not ready; Ray's logs are in {self.ray_folder}")
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +192,7 @@ def test_the_ui_answers_through_the_ingress_and_control_reaches_each_replica(ser
     result = subprocess.run(
         [sys.executable, "-m", "medgemma_xray.scaleout.control", "status"],
         cwd=REPO_ROOT,
-        env={**serve_app.env, "RAY_ADDRESS": "auto"},
+        env=serve_app.env,
         capture_output=True,
         text=True,
         timeout=300,

@@ -3,7 +3,8 @@
 
     python -m medgemma_xray.scaleout.control status [--app medgemma]          # JSON: one entry per replica
     python -m medgemma_xray.scaleout.control switch trt|pytorch [--app medgemma]
-Run it on a node of the Ray cluster (it joins with ray.init(address="auto")). Exit status: 0 every replica did
+Run it on a node of the cluster medgemma-xray-ray started (it joins with ray.init(address="auto"), with that
+cluster's token and, unless ALLOW_RAY_NETWORK, on loopback). Exit status: 0 every replica did
 it, 1 some replica failed (the JSON says which), 2 bad usage or no cluster.
 """
 
@@ -73,6 +74,16 @@ def main(argv: list[str] | None = None) -> int:
     switch = commands.add_parser("switch")
     switch.add_argument("mode", choices=["pytorch", "trt"])
     args = parser.parse_args(argv)
+    import os
+
+    from medgemma_xray.scaleout.cluster import ClusterConfigError, network_allowed, ray_environment
+
+    try:  # this cluster's token and, unless ALLOW_RAY_NETWORK, Ray's single-host (loopback) mode
+        environ = dict(os.environ)
+        os.environ.update(ray_environment(environ, network_allowed(environ), create_token=False))
+    except ClusterConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     import ray
     from ray import serve
 

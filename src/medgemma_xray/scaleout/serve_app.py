@@ -1,13 +1,14 @@
 """The Ray Serve application: N ModelReplica deployments (one GPU each; none for the CPU demo) behind one ingress
 that serves the Gradio UI, the OpenAI-compatible API and the probes, with the single server's own code.
 
-    serve run deploy/ray/medgemma-gpu.yaml          # or: serve deploy deploy/ray/medgemma-gpu.yaml (running cluster)
-    serve run medgemma_xray.scaleout.serve_app:build_app replicas=2 gpus_per_replica=0 model_path=models/medgemma-demo
+    medgemma-xray-ray start deploy/ray/medgemma-gpu.yaml     # Ray on loopback with its token, then serve deploy
 
 build_app's arguments (all optional; the config's `args:`): replicas, gpus_per_replica, cpus_per_replica,
-max_ongoing_requests, and any medgemma_xray.serving.settings field in lower case (model_path, inference_mode, engine_path,
-generation_concurrency, queue_size, auth_file, ...). The replicas' settings also come from each node's environment,
-as for the systemd service; the ingress applies the same limits and login.
+max_ongoing_requests, ingress_resource (a Ray custom resource that pins the ingress to the node that has it), and
+any medgemma_xray.serving.settings field in lower case (model_path, inference_mode, engine_path,
+generation_concurrency, queue_size, auth_file, host, port, ...). The replicas' settings also come from each node's
+environment, as for the systemd service. The ingress listens on HOST:PORT (default 127.0.0.1:7860) with the single
+server's guards and login (scaleout/ingress_listener.py); Serve's own proxy serves none of the app.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-APP_ARGS = ("replicas", "gpus_per_replica", "cpus_per_replica", "max_ongoing_requests", "health_check_period_s")
+APP_ARGS = (
+    "replicas",
+    "gpus_per_replica",
+    "cpus_per_replica",
+    "max_ongoing_requests",
+    "health_check_period_s",
+    "ingress_resource",
+)
 MODEL_DEPLOYMENT = "ModelReplica"
 ROUTER_CLASS = "medgemma_xray.scaleout.router:ConversationAffinityRouter"
 
@@ -47,6 +55,7 @@ def split_args(args: dict) -> tuple[dict, dict]:
 def build_ingress_app(handle, settings_overrides: dict) -> tuple[Any, ServingProcess, Any]:
     """FastAPI app of the ingress replica: the single server's build_http_app over a ReplicaSetService."""
     from medgemma_xray.scaleout.remote_service import ReplicaSetService
+    from medgemma_xray.serving.log_dir import check_log_dir_path
     from medgemma_xray.serving.settings import Settings
     from medgemma_xray.web.app import build_ui
     from medgemma_xray.web.http_auth import authenticator
@@ -54,6 +63,7 @@ def build_ingress_app(handle, settings_overrides: dict) -> tuple[Any, ServingPro
     from medgemma_xray.web.upload_cache import PrivateCache, UploadInbox
 
     settings = Settings.from_env(**settings_overrides)
+    check_log_dir_path(settings.log_dir)  # the ingress writes its upload cache there
     auth = authenticator(settings.auth_file) if settings.auth_file else None
     cache = PrivateCache.open(settings.upload_cache_path)  # before gradio is imported: sets GRADIO_TEMP_DIR
     service: ServingProcess = ReplicaSetService(handle, settings)
@@ -90,6 +100,9 @@ def build_app(args: dict | None = None):
     options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": float(app_args.get("cpus_per_replica", 1))}
     if gpus == 0:  # CPU demo replicas: one thread each, so N replicas share the cores instead of fighting for them
         options["runtime_env"] = {"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}}
+    ingress_options: dict[str, Any] = {"num_cpus": 0.5}
+    if app_args.get("ingress_resource"):  # a custom resource only the node with the public address has
+        ingress_options["resources"] = {str(app_args["ingress_resource"]): 0.001}
     model = serve.deployment(
         ModelReplica,
         name=MODEL_DEPLOYMENT,
@@ -106,21 +119,34 @@ def build_app(args: dict | None = None):
         ),
     )
 
-    @serve.deployment(name="Ingress", num_replicas=1, ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=1000)
-    @serve.ingress()
+    @serve.deployment(name="Ingress", num_replicas=1, ray_actor_options=ingress_options, max_ongoing_requests=100)
     class Ingress:
-        """The one entry point: UI, OpenAI API, probes and metrics (Gradio's queue needs a single process)."""
+        """The one entry point: UI, OpenAI API, probes and metrics (Gradio's queue needs a single process), served
+        on HOST:PORT by the project's guarded listener (scaleout/ingress_listener.py), not by Serve's proxy."""
 
         def __init__(self, model_handle, settings_overrides: dict) -> None:
+            from medgemma_xray.scaleout.ingress_listener import IngressListener
+
             self._asgi, self._service, self._cache = build_ingress_app(model_handle, settings_overrides)
+            self._listener = IngressListener(self._asgi, self._service.settings)
+            self._listener.start()
 
-        def __serve_build_asgi_app__(self):
-            return self._asgi
+        async def __call__(self, request):
+            """Serve's proxy (127.0.0.1 only) reaches nothing of the app: it says where the app listens."""
+            from starlette.responses import PlainTextResponse
 
-        # No check_health: Serve's check is liveness, and this process is alive while replicas load; /readyz
-        # says 503 until one answers (each replica's own check is the service's readiness).
+            settings = self._service.settings
+            return PlainTextResponse(f"The app listens on {settings.host}:{settings.port}.\n", status_code=404)
+
+        def check_health(self) -> None:
+            """Serve's liveness check: the listener thread runs. /readyz says 503 until a replica answers (each
+            replica's own check is the service's readiness)."""
+            if not self._listener.alive:
+                raise RuntimeError("the ingress listener stopped")
 
         def __del__(self) -> None:
+            if getattr(self, "_listener", None) is not None:
+                self._listener.close()
             if getattr(self, "_service", None) is not None:
                 self._service.close()
                 self._cache.close()

@@ -102,6 +102,8 @@ class Settings:
     header_timeout_s: float = 10.0  # a connection must finish its request headers within this, or it is closed
     keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
     max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
+    per_client_connections: int = 256  # connections one client address may hold; its next ones get 503
+    body_timeout_s: float = 30.0  # a request body must arrive within this plus 1 s per 64 KiB, or it gets 408
     max_files_per_request: int = 4  # files in one call to the upload route (the UI sends one)
     upload_cache_max_mb: int = 512  # bytes kept in the upload cache at once; an upload past it is refused (507)
     upload_max_age_s: int = 120  # an upload nobody read within this is deleted (the UI reads it at once)
@@ -172,6 +174,8 @@ class Settings:
         _in_range("HEADER_TIMEOUT_S", self.header_timeout_s, 1, 600)
         _in_range("KEEP_ALIVE_TIMEOUT_S", self.keep_alive_timeout_s, 1, 600)
         _in_range("MAX_CONNECTIONS", self.max_connections, 16, 1_000_000)
+        _in_range("PER_CLIENT_CONNECTIONS", self.per_client_connections, 4, self.max_connections)
+        _in_range("BODY_TIMEOUT_S", self.body_timeout_s, 1, 3600)
         _in_range("MAX_FILES_PER_REQUEST", self.max_files_per_request, 1, 1000)
         _in_range("UPLOAD_CACHE_MAX_MB", self.upload_cache_max_mb, 16, 1 << 20)
         _in_range("UPLOAD_MAX_AGE_S", self.upload_max_age_s, 10, 86_400)

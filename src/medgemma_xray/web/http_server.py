@@ -44,6 +44,7 @@ def build_http_app(
     from fastapi import FastAPI, Response
     from fastapi.responses import JSONResponse
 
+    from medgemma_xray.web.body_deadline import BodyDeadline
     from medgemma_xray.web.file_owners import FileOwnerGuard, FileOwners
     from medgemma_xray.web.gradio_queue import tune_queue
     from medgemma_xray.web.http_guards import CallShapes, FileReferenceGuard, PoliteBusyQueue, RouteGuard
@@ -52,12 +53,13 @@ def build_http_app(
 
     api = FastAPI(title="MedGemma X-Ray assistant", **NO_API_DOCS)
 
+    # The probes are coroutines: they never wait for a worker thread, whatever holds the pool.
     @api.get("/healthz")
-    def liveness():
+    async def liveness():
         return {"status": "alive"}
 
     @api.get("/readyz")
-    def readiness():
+    async def readiness():
         ready = service.ready.is_set()
         # "instance": this start's id, so start_gradio.sh never takes another server's answer for its own.
         body = {"ready": ready, "mode": service.mode, "instance": service.settings.instance_id}
@@ -68,9 +70,11 @@ def build_http_app(
         body, content_type = service.metrics.exposition()
         return Response(content=body, media_type=content_type)
 
+    from medgemma_xray.web.login_guard import LoginBudget, LoginGuard, LoginThrottle
     from medgemma_xray.web.openai import add_openai_routes  # the OpenAI-compatible API, before Gradio's "/"
 
-    add_openai_routes(api, service, auth)
+    guard = LoginGuard(auth) if auth is not None else None  # one scrypt pool and one failure book for both doors
+    add_openai_routes(api, service, guard)
     settings = service.settings
     if extend is not None:
         extend(api, service)
@@ -85,7 +89,7 @@ def build_http_app(
         app_kwargs=dict(NO_API_DOCS),
         show_error=False,  # errors reach the user only as the handlers' own gr.Error messages: no server paths
         max_file_size=settings.max_file_size_bytes,
-        auth=auth,
+        auth=guard.gradio_auth if guard is not None else None,  # a coroutine: Gradio awaits it, off its loop
         run_history=False,  # else the browser keeps every film and question for the next user of a shared PC
         auth_message="Log in with the name and password the operator gave you." if auth else None,
     )
@@ -105,7 +109,37 @@ def build_http_app(
     )
     app.add_middleware(FileOwnerGuard, owners=FileOwners(upload_folder, settings.cache_max_age_s))
     app.add_middleware(RouteGuard, ledger=ledger, upload=upload)
+    if guard is not None:
+        app.add_middleware(LoginBudget, guard=guard, per_login=settings.per_client_connections)
+        app.add_middleware(LoginThrottle, guard=guard)
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)  # outermost: every body reader is bounded
     return app
+
+
+def guarded_uvicorn_config(app, settings: Settings):
+    """uvicorn's configuration for every listener of this project (the single server and the Ray Serve ingress):
+    the head timeout and the connection budget in the protocol, a bounded head, no access log."""
+    import uvicorn
+
+    from medgemma_xray.web.connection_budget import PROBE_RESERVE, ConnectionBook
+    from medgemma_xray.web.listener import guarded_protocol
+
+    book = ConnectionBook(per_client=settings.per_client_connections, max_connections=settings.max_connections)
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        log_config=None,  # uvicorn's records go through our handler and its repeat limiter, not to the console
+        access_log=False,  # URLs name files
+        timeout_graceful_shutdown=3,
+        http=guarded_protocol(settings.header_timeout_s, book),  # h11 with the head timeout and the budget
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
+        timeout_keep_alive=settings.keep_alive_timeout_s,
+        # the hard ceiling: past MAX_CONNECTIONS only the probes are served, in PROBE_RESERVE more connections;
+        # beyond that uvicorn answers 503 at once, never a stalled accept()
+        limit_concurrency=settings.max_connections + PROBE_RESERVE,
+    )
 
 
 def limit_session_state(demo, settings: Settings) -> None:
@@ -212,11 +246,15 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
     for tests (default: medgemma_xray.serving.factory.create_backend). Exit status (serving/exit_codes.py): 0 stopped cleanly,
     1 start-up failed, 2 bad configuration, 98 port in use."""
     from medgemma_xray.serving import exit_codes
-    from medgemma_xray.web.listener import PortInUseError, header_timeout_protocol, raise_open_file_limit, reserve_port
+    from medgemma_xray.web.listener import PortInUseError, raise_open_file_limit, reserve_port
 
     args = parse_args(argv)
     os.umask(0o077)  # everything the server writes (logs, cached previews, uploads, socket) is private to its user
     log_limiter = configure_logging(args.log_file)
+    if args.log_file is not None:  # under start_gradio.sh and systemd: what libraries print goes to the log too
+        from medgemma_xray.serving.console_log import capture_console
+
+        capture_console()
     os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"  # read by gradio at import: no telemetry calls out
     try:
         settings = Settings.from_env(
@@ -231,9 +269,11 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         if not settings.instance_id:
             settings = settings.with_overrides(instance_id=uuid.uuid4().hex)
         log_limiter.rate_per_s = settings.log_repeats_per_minute / 60.0
+        from medgemma_xray.serving.log_dir import check_log_dir_path
         from medgemma_xray.web.http_auth import authenticator
         from medgemma_xray.web.upload_cache import PrivateCache, UploadInbox
 
+        check_log_dir_path(settings.log_dir)  # before anything is written under it
         auth = authenticator(settings.auth_file) if settings.auth_file else None
         cache = PrivateCache.open(settings.upload_cache_path)  # before gradio is imported: sets GRADIO_TEMP_DIR
     except (SettingsError, ValueError) as exc:  # ValueError: the upload cache or the login file
@@ -257,8 +297,6 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
             settings.max_connections,
         )
 
-    import uvicorn
-
     from medgemma_xray.serving.service import InferenceService
 
     service: ServingProcess = (
@@ -278,19 +316,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         listener.close()
         return exit_codes.startup_exit_code(exc)  # 2 for what a restart cannot fix
     app = build_http_app(service, build_ui(service, UploadInbox(cache.path)), cache.path, auth=auth, extend=extend)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        log_config=None,  # uvicorn's records go through our handler and its repeat limiter, not to the console
-        access_log=False,  # URLs name files
-        timeout_graceful_shutdown=3,
-        http=header_timeout_protocol(settings.header_timeout_s),  # h11, closing connections that send no request
-        h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
-        timeout_keep_alive=settings.keep_alive_timeout_s,
-        limit_concurrency=settings.max_connections,  # beyond it: an immediate 503, never a stalled accept()
-    )
+    config = guarded_uvicorn_config(app, settings)
     server = draining_server(config, service, settings.drain_timeout_s)
     logger.info(
         "serving on http://%s:%d (mode %s, login %s)",

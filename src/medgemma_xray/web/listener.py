@@ -10,6 +10,10 @@ import errno
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from medgemma_xray.web.connection_budget import ConnectionBook
 
 
 class PortInUseError(RuntimeError):
@@ -80,22 +84,35 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, soft
 
 
-def header_timeout_protocol(header_timeout_s: float):
-    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head within
-    header_timeout_s of connecting or of its last response.
+def guarded_protocol(header_timeout_s: float, book: ConnectionBook | None = None):
+    """uvicorn's h11 protocol with two guards: the request-head timeout, and the connection budget.
 
-    uvicorn times out only idle keep-alive connections (timeout_keep_alive), and only until the first byte of
-    the next request: a client that connects and sends nothing, or dribbles a header a byte at a time (slowloris),
-    holds its connection and its file for ever. Gunicorn and nginx bound this (client_header_timeout); this is
-    that bound.
+    Head timeout: a connection that has not sent a whole request head within header_timeout_s of connecting or of
+    its last response is closed. uvicorn times out only idle keep-alive connections (timeout_keep_alive), and only
+    until the first byte of the next request: a client that connects and sends nothing, or dribbles a header a byte
+    at a time (slowloris), holds its connection and its file for ever. Gunicorn and nginx bound this
+    (client_header_timeout); this is that bound.
+
+    Budget (web/connection_budget.py): a connection opened past its address's share, or past MAX_CONNECTIONS in
+    all, answers 503 to everything but the probes.
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderTimeoutProtocol(H11Protocol):
+    from medgemma_xray.web.connection_budget import over_budget_app
+
+    class GuardedProtocol(H11Protocol):
         _header_timer = None
+        _budget_address: str | None = None
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            if book is not None:
+                address = self.client[0] if self.client else None
+                refusal = book.admit(address, len(self.connections))
+                if refusal is None:
+                    self._budget_address = address
+                else:
+                    self.app = over_budget_app(self.app, refusal)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -110,6 +127,9 @@ def header_timeout_protocol(header_timeout_s: float):
 
         def connection_lost(self, exc) -> None:
             self._disarm()
+            if book is not None and self._budget_address is not None:
+                book.release(self._budget_address)
+                self._budget_address = None
             super().connection_lost(exc)
 
         def _arm(self) -> None:
@@ -126,4 +146,4 @@ def header_timeout_protocol(header_timeout_s: float):
             if self.cycle is None or self.cycle.response_complete:
                 self.transport.close()
 
-    return HeaderTimeoutProtocol
+    return GuardedProtocol

@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from medgemma_xray.serving.surface import InferenceSurface
+    from medgemma_xray.web.login_guard import LoginGuard
 
 
-def add_openai_routes(api, service: InferenceSurface, auth: Callable[[str, str], bool] | None = None) -> None:
+def add_openai_routes(
+    api, service: InferenceSurface, auth: LoginGuard | Callable[[str, str], bool] | None = None
+) -> None:
     """The API's routes on the FastAPI app (before Gradio mounts at /), with OpenAI's 404 or 405 for any other /v1
     route, and its parts on api.state."""
     from medgemma_xray.web.openai.api_router import router

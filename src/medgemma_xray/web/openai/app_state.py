@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from medgemma_xray.web.login_guard import LoginGuard
 from medgemma_xray.web.openai.login import BearerCheck
 
 if TYPE_CHECKING:
@@ -28,10 +29,12 @@ class OpenAIState:
         return request.app.state.openai
 
     async def login(self, request) -> str | None:
-        return await self.bearer.user(request.headers.get("authorization"))
+        address = request.client.host if request.client else None
+        return await self.bearer.user(request.headers.get("authorization"), address)
 
 
-def build_state(service: InferenceSurface, auth: Callable[[str, str], bool] | None) -> OpenAIState:
+def build_state(service: InferenceSurface, auth: LoginGuard | Callable[[str, str], bool] | None) -> OpenAIState:
+    """auth: the server's LoginGuard (or a plain check, which gets its own)."""
     from medgemma_xray.intake import FilmIntake
     from medgemma_xray.web.asking import Asking
     from medgemma_xray.web.openai.conversation_ids import ConversationIds
@@ -44,4 +47,5 @@ def build_state(service: InferenceSurface, auth: Callable[[str, str], bool] | No
     models = OpenAIServingModels(service)
     films = FilmReader(FilmIntake.for_settings(settings))  # the pages' intake: one film cache for every door
     chat = OpenAIServingChat(service, models, films, ConversationIds(), Asking.for_service(service))
-    return OpenAIState(models, chat, BearerCheck(auth), BodyReader(settings))
+    guard = auth if auth is None or isinstance(auth, LoginGuard) else LoginGuard(auth)
+    return OpenAIState(models, chat, BearerCheck(guard), BodyReader(settings))

@@ -1,8 +1,8 @@
 """The UI's login as the API's bearer token "name:password".
 
 A verified token is remembered by its SHA-256 for a few minutes, so a streaming client does not pay scrypt on every
-request. scrypt itself runs in a worker thread, at most SCRYPT_AT_ONCE at a time, never on the event loop: 48
-clients with wrong keys must not stall /healthz.
+request. The check itself is web.login_guard's: scrypt in a bounded worker pool, never on the event loop, and an
+address with too many failed logins refused with 429 and Retry-After before any check.
 """
 
 from __future__ import annotations
@@ -12,17 +12,16 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from medgemma_xray.web.login_guard import throttled_message
 from medgemma_xray.web.openai.errors import ApiError
 
 if TYPE_CHECKING:
-    from anyio import CapacityLimiter
+    from medgemma_xray.web.login_guard import LoginGuard
 
 logger = logging.getLogger(__name__)
 
-SCRYPT_AT_ONCE = 2
 REMEMBERED_TOKENS = 256
 
 
@@ -31,17 +30,15 @@ def _refusal(message: str) -> ApiError:
 
 
 class BearerCheck:
-    def __init__(self, auth: Callable[[str, str], bool] | None, remember_s: float = 300.0) -> None:
-        self.auth, self.remember_s = auth, remember_s
+    def __init__(self, guard: LoginGuard | None, remember_s: float = 300.0) -> None:
+        self.guard, self.remember_s = guard, remember_s
         self._verified: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._lock = threading.Lock()
-        self._limiter: CapacityLimiter | None = (
-            None  # an anyio.CapacityLimiter, made on the event loop that first needs it
-        )
 
-    async def user(self, authorization: str | None) -> str | None:
-        """The login name; None when no login is configured. Raises ApiError 401 otherwise."""
-        if self.auth is None:
+    async def user(self, authorization: str | None, address: str | None = None) -> str | None:
+        """The login name; None when no login is configured. Raises ApiError 401, or 429 for an address with too
+        many failed logins."""
+        if self.guard is None:
             return None
         scheme, _, token = (authorization or "").partition(" ")
         token = token.strip()
@@ -54,13 +51,18 @@ class BearerCheck:
         remembered = self._remembered(digest)
         if remembered is not None:
             return remembered
-        import anyio
-
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(SCRYPT_AT_ONCE)
-        if not await anyio.to_thread.run_sync(self.auth, name, password, limiter=self._limiter):
+        wait = self.guard.failures.retry_after(address)
+        if wait is not None:
+            logger.warning("API login refused: the address is throttled")
+            raise ApiError(
+                429, throttled_message(wait), kind="rate_limit_error", code="too_many_failed_logins", retry_after_s=wait
+            )
+        if not await self.guard.verify(name, password):
+            self.guard.failures.failed(address)
             logger.warning("API login refused")
             raise _refusal("The API key (name:password) is not valid.")
+        self.guard.failures.succeeded(address)
+        self.guard.remember(f"bearer:{hashlib.sha256(token.encode('utf-8', 'surrogatepass')).hexdigest()}", name)
         with self._lock:
             self._verified[digest] = (name, time.monotonic())
             while len(self._verified) > REMEMBERED_TOKENS:
