@@ -141,8 +141,20 @@ def test_configuration_errors_at_start_exit_2(tmp_path, int8_bundle):
     corrupt = tmp_path / "corrupt"
     shutil.copytree(int8_bundle, corrupt)
     (corrupt / "tokenizer.json").write_text("{}")
+    resealed = tmp_path / "resealed"  # a truncated graph whose manifest was sealed again: hashes pass, ORT fails
+    shutil.copytree(int8_bundle, resealed)
+    graph = resealed / "onnx" / "int8" / "decoder.onnx"
+    graph.write_bytes(graph.read_bytes()[:4096])
+    reseal(resealed, lambda m: None)
+    linked = tmp_path / "linked"  # its onnx/ folder a link to another copy
+    shutil.copytree(int8_bundle, linked)
+    shutil.move(linked / "onnx", tmp_path / "onnx-elsewhere")
+    (linked / "onnx").symlink_to(tmp_path / "onnx-elsewhere")
+    trt = ("--mode", "trt", "--engine_path")
     cases = {
-        "corrupt bundle": ({}, ("--mode", "trt", "--engine_path", str(corrupt)), "tokenizer.json has 2 bytes"),
+        "corrupt bundle": ({}, (*trt, str(corrupt)), "tokenizer.json has 2 bytes"),
+        "resealed truncated graph": ({}, (*trt, str(resealed)), "ONNX Runtime cannot load"),
+        "linked folder": ({}, (*trt, str(linked)), "onnx is a symbolic link"),
         "missing model": ({"MODEL_PATH": str(tmp_path / "no-model")}, (), "is not a model directory"),
     }
     for name, (env, args, message) in cases.items():
@@ -154,3 +166,41 @@ def test_configuration_errors_at_start_exit_2(tmp_path, int8_bundle):
             assert message in log, (name, log[-2000:])
         finally:
             op.cleanup()
+
+
+def test_a_linked_bundle_is_refused_at_a_switch_and_pytorch_keeps_serving(tmp_path, int8_bundle):
+    linked = tmp_path / "linked"
+    shutil.copytree(int8_bundle, linked)
+    shutil.move(linked / "manifest.json", tmp_path / "manifest.json")
+    (linked / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    op = Operator(tmp_path / "logs", free_port(), MAX_NEW_TOKENS="4")
+    try:
+        assert op.run("start_gradio.sh", "--engine_path", str(linked)).returncode == 0
+        switched = op.run("switch_to_trt.sh")
+        assert switched.returncode == 1
+        assert "cannot switch to engine bundle: " in switched.stderr
+        assert "manifest.json is a symbolic link" in switched.stderr
+        assert "Inference Mode still: PyTorch" in switched.stderr
+        assert op.status_json()["mode"] == "pytorch"
+    finally:
+        op.cleanup()
+
+
+def test_the_service_running_as_another_user_reads_every_file_of_a_bundle(portable_checkout, int8_bundle):
+    """The build runs as one user (here root) and the service as another (nobody): every published file, the
+    TensorRT plans included, must be readable by it. The bundle is copied with its modes as the build left them."""
+    place = portable_checkout.parent / "bundle-for-nobody"
+    shutil.copytree(int8_bundle, place)  # copy2: the modes come along
+    log_dir = portable_checkout.parent / "nobody-logs"
+    log_dir.mkdir()
+    shutil.chown(log_dir, "nobody")
+    op = Operator(log_dir, free_port(), scripts=portable_checkout / "scripts", MAX_NEW_TOKENS="4")
+    try:
+        started = op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(place), user="nobody")
+        log = (log_dir / "gradio_app.log").read_text() if (log_dir / "gradio_app.log").exists() else ""
+        assert started.returncode == 0, started.stdout + started.stderr + log[-3000:]
+        status = op.run("status_gradio.sh").stdout
+        assert "Inference Mode: Engine bundle on onnxruntime-cpu, not TensorRT" in status
+        assert re.search(r"bundle \S+bundle-for-nobody: accuracy gate passed .*; (\d+) files", log)
+    finally:
+        op.cleanup()
