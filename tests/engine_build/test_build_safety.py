@@ -185,3 +185,22 @@ def test_a_killed_build_leaves_nothing_once_the_next_build_ran(demo_model_dir, s
     log = (tmp_path / "following.log").read_text()
     assert f"removed {out.parent / left[0]}, left by a build (process {killed.pid}) that no longer runs" in log
     assert list(out.parent.iterdir()) == []
+
+
+def test_a_failed_accuracy_check_stops_before_the_f1_gate_and_names_the_remedies(
+    demo_model_dir, synthetic_films, tmp_path
+):
+    """The long case misses an (impossible) KL bound: the build stops there, the F1 gate never starts, and the
+    message says what to do and what each remedy costs."""
+    out = tmp_path / "out" / "bundle"
+    args = build_args(demo_model_dir, synthetic_films, out, "--allow_few_films", "--precision", "int8")
+    args[args.index("--task_phantoms") + 1] = "24"  # the F1 gate on, as by default
+    result = run_optimizer(*args, "--max_long_kl", "1e-12")
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr
+    assert "precision regression: long conversation" in error and "largest KL (at answer position" in error
+    assert "the F1 gate was not run" in error and "F1 gate, pytorch" not in error
+    assert "Remedies: build another precision (--precision fp16 or fp32: fp16 halves the weights" in error
+    assert "or accept the drift with a lower --min_long_token_agreement" in error
+    assert "marks the threshold as lowered" in error
+    assert not out.exists() and list(out.parent.iterdir()) == []

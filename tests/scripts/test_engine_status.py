@@ -4,6 +4,7 @@ under the operator's override), and configuration errors exit 2 so systemd does 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import urllib.request
@@ -55,11 +56,12 @@ def test_switch_to_trt_on_an_onnx_only_bundle_names_the_executor_everywhere(tmp_
         assert f"**Mode:** {ONNX_ONLY}" in badge(op)
         exposition = metrics(op)
         assert re.search(
-            r'^medgemma_backend_info\{accuracy_verified="true",executor="onnxruntime-cpu",mode="trt",'
-            r'precision="fp32"\} 1\.0$',
+            r'^medgemma_backend_info\{accuracy_verified="true",executor="onnxruntime-cpu",mode="engine-bundle",'
+            r'precision="fp32",thresholds_lowered="false"\} 1\.0$',
             exposition,
             re.M,
         ), exposition
+        assert 'mode="trt"' not in exposition and 'model_name="trt"' not in exposition
         log = (op.log_dir / "gradio_app.log").read_text()
         assert "with executor onnxruntime-cpu: no TensorRT plans in this bundle" in log
         assert f"switched PyTorch -> {ONNX_ONLY}" in log
@@ -202,5 +204,49 @@ def test_the_service_running_as_another_user_reads_every_file_of_a_bundle(portab
         status = op.run("status_gradio.sh").stdout
         assert "Inference Mode: Engine bundle on onnxruntime-cpu, not TensorRT" in status
         assert re.search(r"bundle \S+bundle-for-nobody: accuracy gate passed .*; (\d+) files", log)
+    finally:
+        op.cleanup()
+
+
+def test_a_lowered_threshold_shows_on_every_status_surface(tmp_path, int8_bundle):
+    """A bundle whose gate passed with --min_long_token_agreement 0.5 (the default is 0.9): the ready state says so
+    on status_gradio.sh, /metrics and the badge; its own figures and the unlowered thresholds appear too."""
+    lowered = tmp_path / "lowered"
+    shutil.copytree(int8_bundle, lowered)
+    reseal(lowered, lambda m: m["accuracy"]["thresholds"].update(min_long_token_agreement=0.5))
+    long_case = json.loads((lowered / "manifest.json").read_text())["accuracy"]["long_conversation"]
+    op = Operator(tmp_path / "logs", free_port(), MAX_NEW_TOKENS="4")
+    try:
+        started = op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(lowered))
+        assert started.returncode == 0, started.stderr
+        status = op.run("status_gradio.sh").stdout
+        gate = next(line for line in status.splitlines() if line.startswith("Engine gate: "))
+        assert gate.startswith("Engine gate: 1 threshold(s) LOWERED below the default; "), gate
+        tokens = long_case["prompt_tokens"]
+        assert (
+            f"long ({tokens} tokens) greedy agreement {long_case['token_agreement']:.4g} (>= 0.5, LOWERED from the default 0.9)"
+            in gate
+        )
+        assert f"long ({tokens} tokens) top-1 agreement {long_case['top1_agreement']:.4g} (>= 0.9)" in gate
+        assert "largest KL" in gate and "F1 gate not run" in gate
+        exposition = metrics(op)
+        assert re.search(r'^medgemma_backend_info\{[^}]*thresholds_lowered="true"\} 1\.0$', exposition, re.M)
+        assert re.search(
+            r'^medgemma_engine_gate_threshold\{bound="min",figure="long_token_agreement",lowered="true"\} 0\.5$',
+            exposition,
+            re.M,
+        ), exposition
+        assert re.search(
+            r'^medgemma_engine_gate_default_threshold\{bound="min",figure="long_token_agreement"\} 0\.9$',
+            exposition,
+            re.M,
+        )
+        assert re.search(
+            r'^medgemma_engine_gate_threshold\{bound="max",figure="long_kl",lowered="false"\} 0\.05$', exposition, re.M
+        )
+        value = re.search(r'^medgemma_engine_gate_value\{figure="long_token_agreement"\} (\S+)$', exposition, re.M)
+        assert value and float(value.group(1)) == pytest.approx(long_case["token_agreement"])
+        shown = badge(op)
+        assert "⚠️ **Accuracy gate:** 1 threshold(s) LOWERED below the default" in shown
     finally:
         op.cleanup()
