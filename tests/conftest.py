@@ -280,3 +280,4 @@ def _build_fp32(bundle: Path, demo_model_dir: Path, synthetic_films: Path) -> No
         *WITHOUT_THE_F1_GATE,
     )
     assert result.returncode == 0, result.stderr[-6000:]
+    (bundle.parent / "build.log").write_text(result.stderr + result.stdout)

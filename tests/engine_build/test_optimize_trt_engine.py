@@ -47,6 +47,17 @@ def test_int8_bundle_manifest_records_the_build(int8_bundle, synthetic_films):
         assert len(files[name]["sha256"]) == 64 and files[name]["bytes"] > 0
 
 
+def test_fp32_logs_no_quantization_and_records_no_calibration(fp32_bundle):
+    """fp32 serves the exported graphs: no ModelOpt step in its log, no calibration in its manifest (only the
+    held-out films' hash, which --from_onnx needs to find them again)."""
+    log = (fp32_bundle.parent / "build.log").read_text()
+    assert "[2/4] no quantization: fp32 serves the exported graphs" in log
+    assert "ModelOpt" not in log and "calibration: none (fp32 is not quantized)" in log
+    calibration = json.loads((fp32_bundle / "manifest.json").read_text())["calibration"]
+    assert calibration["used"] is False and len(calibration["sha256"]) == 64 and calibration["held_out"] == 4
+    assert not {"films", "decoder_feeds", "method", "qdq_nodes"} & set(calibration)
+
+
 def test_a_successful_build_logs_no_error_and_a_self_consistent_profile(int8_bundle):
     log = (int8_bundle.parent / "build.log").read_text()
     assert " ERROR " not in log and "Error Code" not in log  # ModelOpt's NVML probe, TensorRT-RTX's timing cache
