@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import WITHOUT_THE_F1_GATE, assert_refused_before_any_work, run_optimizer
+from tests.conftest import REPO_ROOT, WITHOUT_THE_F1_GATE, assert_refused_before_any_work, run_optimizer
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +137,70 @@ def test_a_gate_over_too_few_held_out_films_is_refused_before_any_work(
     assert result.returncode == 2, result.stderr[-3000:]
     assert "7 films: the accuracy gate holds out 4 (10%, at least 4: fewer is too few to judge" in result.stderr
     assert "[1/4]" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def start_optimizer(*args: str, stderr_path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "optimize_trt_engine.py", *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=open(stderr_path, "w"),  # noqa: SIM115 (closed with the process)
+        text=True,
+    )
+
+
+def wait_for_line(path, text: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in path.read_text():
+            return
+        assert process.poll() is None, path.read_text()[-3000:]
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not logged in {timeout_s} s:\n{path.read_text()[-3000:]}")
+
+
+def test_a_killed_build_leaves_nothing_once_the_next_build_ran(demo_model_dir, synthetic_films, tmp_path):
+    """SIGTERM: the build removes its own staging folder. SIGKILL cannot be caught: the next build removes what it
+    left (its process no longer runs), and leaves alone the staging folder of a build that still runs."""
+    out = tmp_path / "out" / "bundle"
+    args = build_args(demo_model_dir, synthetic_films, out, "--allow_few_films")
+
+    terminated = start_optimizer(*args, stderr_path=tmp_path / "terminated.log")
+    wait_for_line(tmp_path / "terminated.log", "building in", terminated)
+    terminated.send_signal(signal.SIGTERM)
+    assert terminated.wait(timeout=120) == 128 + signal.SIGTERM
+    assert list(out.parent.iterdir()) == [], "SIGTERM left its staging folder"
+
+    killed = start_optimizer(*args, stderr_path=tmp_path / "killed.log")
+    wait_for_line(tmp_path / "killed.log", "building in", killed)
+    killed.kill()
+    killed.wait(timeout=60)
+    left = [path.name for path in out.parent.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".bundle.staging-"), left
+
+    following = start_optimizer(*args, stderr_path=tmp_path / "following.log")
+    wait_for_line(tmp_path / "following.log", "building in", following)
+    following.send_signal(signal.SIGTERM)
+    following.wait(timeout=120)
+    log = (tmp_path / "following.log").read_text()
+    assert f"removed {out.parent / left[0]}, left by a build (process {killed.pid}) that no longer runs" in log
+    assert list(out.parent.iterdir()) == []
+
+
+def test_a_failed_accuracy_check_stops_before_the_f1_gate_and_names_the_remedies(
+    demo_model_dir, synthetic_films, tmp_path
+):
+    """The long case misses an (impossible) KL bound: the build stops there, the F1 gate never starts, and the
+    message says what to do and what each remedy costs."""
+    out = tmp_path / "out" / "bundle"
+    args = build_args(demo_model_dir, synthetic_films, out, "--allow_few_films", "--precision", "int8")
+    args[args.index("--task_phantoms") + 1] = "24"  # the F1 gate on, as by default
+    result = run_optimizer(*args, "--max_long_kl", "1e-12")
+    assert result.returncode == 1, result.stderr[-3000:]
+    error = result.stderr
+    assert "precision regression: long conversation" in error and "largest KL (at answer position" in error
+    assert "the F1 gate was not run" in error and "F1 gate, pytorch" not in error
+    assert "Remedies: build another precision (--precision fp16 or fp32: fp16 halves the weights" in error
+    assert "or accept the drift with a lower --min_long_token_agreement" in error
+    assert "marks the threshold as lowered" in error
+    assert not out.exists() and list(out.parent.iterdir()) == []

@@ -87,3 +87,73 @@ def test_the_fixed_fp16_decoder_keeps_rotary_and_attention_fp32_and_passes_the_l
     layers = read_manifest(fixed)["shapes"]["layers"]
     assert old_fp16 == total - 1  # everything but lm_head, as before
     assert fixed_fp16 == 7 * layers  # q, k, v, o, gate, up, down
+
+
+def add_late_drift(decoder_path, from_position: int, token: int, boost: float = 40.0) -> None:
+    """Rewrite a decoder graph so that from query position `from_position` on, `token`'s logit is raised by
+    `boost`: every distribution before it is exact, every one after it is wrong."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(decoder_path))
+    graph = model.graph
+    producer = next(node for node in graph.node if "logits" in node.output)
+    producer.output[list(producer.output).index("logits")] = "logits_exact"
+    vocab = next(o for o in graph.output if o.name == "logits").type.tensor_type.shape.dim[-1].dim_value
+    bias = np.zeros(vocab, dtype=np.float32)
+    bias[token] = boost
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([-1], dtype=np.int64), "drift/start"),
+            numpy_helper.from_array(np.array([2**62], dtype=np.int64), "drift/end"),
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "drift/axis"),
+            numpy_helper.from_array(np.array(from_position, dtype=np.int64), "drift/from"),
+            numpy_helper.from_array(np.array([2], dtype=np.int64), "drift/unsqueeze"),
+            numpy_helper.from_array(bias, "drift/bias"),
+        ]
+    )
+    graph.node.extend(
+        [
+            helper.make_node("Slice", ["position_ids", "drift/start", "drift/end", "drift/axis"], ["drift/last"]),
+            helper.make_node("GreaterOrEqual", ["drift/last", "drift/from"], ["drift/on"]),
+            helper.make_node("Cast", ["drift/on"], ["drift/on_float"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["drift/on_float", "drift/unsqueeze"], ["drift/gate"]),
+            helper.make_node("Mul", ["drift/gate", "drift/bias"], ["drift/delta"]),
+            helper.make_node("Add", ["logits_exact", "drift/delta"], ["logits"]),
+        ]
+    )
+    onnx.save(model, str(decoder_path))
+
+
+def test_the_whole_answer_check_catches_a_bundle_whose_first_token_agrees_and_later_tokens_drift(
+    fp32_bundle, reference, tmp_path
+):
+    """A bundle exact up to the long answer's 10th token and wrong from there on. The first-token KL is ~0 and, with
+    the greedy threshold lowered to 0.5 (as CI once did for INT8), free-running agreement passes; the whole-answer
+    figures (PyTorch's answer fed to both, top-1 and KL at every position) refuse it."""
+    from medgemma_xray.engine_build.verify import long_conversation_request, long_conversation_tokens
+    from medgemma_xray.trt_inference.trt_model import TRTInference
+
+    film = model_input_image(load_radiograph(png_bytes(quantize_pixels(chest_phantom(seed=900_001), 8))))
+    drifting = tmp_path / "drifting"
+    shutil.copytree(fp32_bundle, drifting)
+    bundle = TRTInference(drifting, executor="onnxruntime-cpu", require_verified=False)
+    request, length = long_conversation_request(
+        film, long_conversation_tokens(bundle.max_sequence, 16), 16, bundle.prompt_ids, bundle.max_sequence - 16
+    )
+    answer = [step.token_id for step in reference.generate_steps(request)]
+    bundle.close()
+    assert len(answer) >= 12, answer  # long enough to drift after its 10th token
+    stops = set(read_manifest(drifting)["tokens"]["eos"])
+    wrong = next(token for token in range(10, 1000) if token not in answer and token not in stops)
+    add_late_drift(drifting / "onnx" / "fp32" / "decoder.onnx", from_position=length + 9, token=wrong)
+
+    figures, failures = long_case_failures(reference, drifting, film)
+    lowered = [f for f in check({"long_conversation": figures}, Thresholds(min_long_token_agreement=0.5))]
+    assert figures["first_token_kl"] < 1e-3 and figures["identical_prefix"] == 10, figures
+    assert figures["token_agreement"] >= 0.5, figures  # what the first-token gate with CI's threshold accepted
+    assert figures["first_top1_disagreement"] == 10 and figures["kl_max"] > 1.0, figures
+    whole = [f for f in lowered if "over the whole answer" in f]
+    assert any("top-1 agreement" in f for f in whole) and any("largest KL" in f for f in whole), lowered
+    assert not any("token agreement 0." in f and "over the whole" not in f for f in lowered), lowered

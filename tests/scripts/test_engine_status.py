@@ -4,6 +4,7 @@ under the operator's override), and configuration errors exit 2 so systemd does 
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import urllib.request
@@ -55,11 +56,12 @@ def test_switch_to_trt_on_an_onnx_only_bundle_names_the_executor_everywhere(tmp_
         assert f"**Mode:** {ONNX_ONLY}" in badge(op)
         exposition = metrics(op)
         assert re.search(
-            r'^medgemma_backend_info\{accuracy_verified="true",executor="onnxruntime-cpu",mode="trt",'
-            r'precision="fp32"\} 1\.0$',
+            r'^medgemma_backend_info\{accuracy_verified="true",executor="onnxruntime-cpu",mode="engine-bundle",'
+            r'precision="fp32",thresholds_lowered="false"\} 1\.0$',
             exposition,
             re.M,
         ), exposition
+        assert 'mode="trt"' not in exposition and 'model_name="trt"' not in exposition
         log = (op.log_dir / "gradio_app.log").read_text()
         assert "with executor onnxruntime-cpu: no TensorRT plans in this bundle" in log
         assert f"switched PyTorch -> {ONNX_ONLY}" in log
@@ -141,8 +143,20 @@ def test_configuration_errors_at_start_exit_2(tmp_path, int8_bundle):
     corrupt = tmp_path / "corrupt"
     shutil.copytree(int8_bundle, corrupt)
     (corrupt / "tokenizer.json").write_text("{}")
+    resealed = tmp_path / "resealed"  # a truncated graph whose manifest was sealed again: hashes pass, ORT fails
+    shutil.copytree(int8_bundle, resealed)
+    graph = resealed / "onnx" / "int8" / "decoder.onnx"
+    graph.write_bytes(graph.read_bytes()[:4096])
+    reseal(resealed, lambda m: None)
+    linked = tmp_path / "linked"  # its onnx/ folder a link to another copy
+    shutil.copytree(int8_bundle, linked)
+    shutil.move(linked / "onnx", tmp_path / "onnx-elsewhere")
+    (linked / "onnx").symlink_to(tmp_path / "onnx-elsewhere")
+    trt = ("--mode", "trt", "--engine_path")
     cases = {
-        "corrupt bundle": ({}, ("--mode", "trt", "--engine_path", str(corrupt)), "tokenizer.json has 2 bytes"),
+        "corrupt bundle": ({}, (*trt, str(corrupt)), "tokenizer.json has 2 bytes"),
+        "resealed truncated graph": ({}, (*trt, str(resealed)), "ONNX Runtime cannot load"),
+        "linked folder": ({}, (*trt, str(linked)), "onnx is a symbolic link"),
         "missing model": ({"MODEL_PATH": str(tmp_path / "no-model")}, (), "is not a model directory"),
     }
     for name, (env, args, message) in cases.items():
@@ -154,3 +168,85 @@ def test_configuration_errors_at_start_exit_2(tmp_path, int8_bundle):
             assert message in log, (name, log[-2000:])
         finally:
             op.cleanup()
+
+
+def test_a_linked_bundle_is_refused_at_a_switch_and_pytorch_keeps_serving(tmp_path, int8_bundle):
+    linked = tmp_path / "linked"
+    shutil.copytree(int8_bundle, linked)
+    shutil.move(linked / "manifest.json", tmp_path / "manifest.json")
+    (linked / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    op = Operator(tmp_path / "logs", free_port(), MAX_NEW_TOKENS="4")
+    try:
+        assert op.run("start_gradio.sh", "--engine_path", str(linked)).returncode == 0
+        switched = op.run("switch_to_trt.sh")
+        assert switched.returncode == 1
+        assert "cannot switch to engine bundle: " in switched.stderr
+        assert "manifest.json is a symbolic link" in switched.stderr
+        assert "Inference Mode still: PyTorch" in switched.stderr
+        assert op.status_json()["mode"] == "pytorch"
+    finally:
+        op.cleanup()
+
+
+def test_the_service_running_as_another_user_reads_every_file_of_a_bundle(portable_checkout, int8_bundle):
+    """The build runs as one user (here root) and the service as another (nobody): every published file, the
+    TensorRT plans included, must be readable by it. The bundle is copied with its modes as the build left them."""
+    place = portable_checkout.parent / "bundle-for-nobody"
+    shutil.copytree(int8_bundle, place)  # copy2: the modes come along
+    log_dir = portable_checkout.parent / "nobody-logs"
+    log_dir.mkdir()
+    shutil.chown(log_dir, "nobody")
+    op = Operator(log_dir, free_port(), scripts=portable_checkout / "scripts", MAX_NEW_TOKENS="4")
+    try:
+        started = op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(place), user="nobody")
+        log = (log_dir / "gradio_app.log").read_text() if (log_dir / "gradio_app.log").exists() else ""
+        assert started.returncode == 0, started.stdout + started.stderr + log[-3000:]
+        status = op.run("status_gradio.sh").stdout
+        assert "Inference Mode: Engine bundle on onnxruntime-cpu, not TensorRT" in status
+        assert re.search(r"bundle \S+bundle-for-nobody: accuracy gate passed .*; (\d+) files", log)
+    finally:
+        op.cleanup()
+
+
+def test_a_lowered_threshold_shows_on_every_status_surface(tmp_path, int8_bundle):
+    """A bundle whose gate passed with --min_long_token_agreement 0.5 (the default is 0.9): the ready state says so
+    on status_gradio.sh, /metrics and the badge; its own figures and the unlowered thresholds appear too."""
+    lowered = tmp_path / "lowered"
+    shutil.copytree(int8_bundle, lowered)
+    reseal(lowered, lambda m: m["accuracy"]["thresholds"].update(min_long_token_agreement=0.5))
+    long_case = json.loads((lowered / "manifest.json").read_text())["accuracy"]["long_conversation"]
+    op = Operator(tmp_path / "logs", free_port(), MAX_NEW_TOKENS="4")
+    try:
+        started = op.run("start_gradio.sh", "--mode", "trt", "--engine_path", str(lowered))
+        assert started.returncode == 0, started.stderr
+        status = op.run("status_gradio.sh").stdout
+        gate = next(line for line in status.splitlines() if line.startswith("Engine gate: "))
+        assert gate.startswith("Engine gate: 1 threshold(s) LOWERED below the default; "), gate
+        tokens = long_case["prompt_tokens"]
+        assert (
+            f"long ({tokens} tokens) greedy agreement {long_case['token_agreement']:.4g} (>= 0.5, LOWERED from the default 0.9)"
+            in gate
+        )
+        assert f"long ({tokens} tokens) top-1 agreement {long_case['top1_agreement']:.4g} (>= 0.9)" in gate
+        assert "largest KL" in gate and "F1 gate not run" in gate
+        exposition = metrics(op)
+        assert re.search(r'^medgemma_backend_info\{[^}]*thresholds_lowered="true"\} 1\.0$', exposition, re.M)
+        assert re.search(
+            r'^medgemma_engine_gate_threshold\{bound="min",figure="long_token_agreement",lowered="true"\} 0\.5$',
+            exposition,
+            re.M,
+        ), exposition
+        assert re.search(
+            r'^medgemma_engine_gate_default_threshold\{bound="min",figure="long_token_agreement"\} 0\.9$',
+            exposition,
+            re.M,
+        )
+        assert re.search(
+            r'^medgemma_engine_gate_threshold\{bound="max",figure="long_kl",lowered="false"\} 0\.05$', exposition, re.M
+        )
+        value = re.search(r'^medgemma_engine_gate_value\{figure="long_token_agreement"\} (\S+)$', exposition, re.M)
+        assert value and float(value.group(1)) == pytest.approx(long_case["token_agreement"])
+        shown = badge(op)
+        assert "⚠️ **Accuracy gate:** 1 threshold(s) LOWERED below the default" in shown
+    finally:
+        op.cleanup()

@@ -130,7 +130,7 @@ def reseal(bundle, change) -> None:
     ("change", "failure"),
     [
         (lambda a: a.update(token_agreement_mean=0.5), "token agreement 0.500 < 0.9"),
-        (lambda a: a["long_conversation"].update(token_agreement=0.08), "token agreement 0.080 < 0.5"),
+        (lambda a: a["long_conversation"].update(token_agreement=0.08), "token agreement 0.080 < 0.9"),
         (lambda a: a.pop("long_conversation"), "the long conversation (>= 1536 tokens) was not measured"),
         (lambda a: a.update(films=2), "measured on 2 held-out films, fewer than the 4 needed to judge"),
         (lambda a: a.pop("thresholds"), "the record holds no thresholds"),
@@ -174,3 +174,96 @@ def test_plans_never_run_are_refused_on_tensorrt_unless_the_operator_allows_it(b
     backend = open_bundle(bundle)  # on ONNX Runtime, the executor its figures were measured on: served
     assert backend.info().unverified_reason == ""
     backend.close()
+
+
+@pytest.fixture()
+def served_copy(demo_model_dir, tmp_path):
+    """The demo checkpoint copied, to be edited as an operator might edit the served model."""
+    copy = tmp_path / "served-model"
+    shutil.copytree(demo_model_dir, copy)
+    return copy
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "chat_template.jinja"])
+def test_a_served_model_with_an_edited_config_or_tokenizer_is_refused(bundle, served_copy, name):
+    """Same weights, another config.json or tokenizer: the bundle and PyTorch would answer differently."""
+    from medgemma_xray.engine_bundle.identity import ModelMismatchError
+    from medgemma_xray.trt_inference.trt_model import TRTInference
+
+    TRTInference(bundle, executor="onnxruntime-cpu", served_model=served_copy).close()  # unedited: serves
+    path = served_copy / name
+    path.write_text(path.read_text().replace("\n", "\n ", 1))  # one space: the smallest edit
+    with pytest.raises(ModelMismatchError) as error:
+        TRTInference(bundle, executor="onnxruntime-cpu", served_model=served_copy)
+    message = str(error.value)
+    assert f"the weights match, but {name} changed" in message
+    assert f"--model_path {served_copy}" in message and "--overwrite" in message
+
+
+def test_the_rebuild_suggestion_names_the_served_model_when_the_build_took_the_default(bundle, random_model_dir):
+    """A bundle built without --model_path (the demo default): the rebuild command still says which model."""
+    from medgemma_xray.engine_bundle.identity import ModelMismatchError
+    from medgemma_xray.trt_inference.trt_model import TRTInference
+
+    reseal(bundle, lambda m: m["build"].update(commands=["python optimize_trt_engine.py --output_path out"]))
+    with pytest.raises(ModelMismatchError) as error:
+        TRTInference(bundle, executor="onnxruntime-cpu", served_model=random_model_dir)
+    assert f"python optimize_trt_engine.py --model_path {random_model_dir} --output_path out" in str(error.value)
+
+
+@pytest.mark.parametrize("inside", ["tokenizer.json", "onnx", "manifest.json", "onnx/int8/decoder.onnx"])
+def test_a_symbolic_link_anywhere_in_a_bundle_is_refused(bundle, tmp_path, inside):
+    """A linked file or folder (even one whose target is byte-identical) or a linked manifest: refused."""
+    target = tmp_path / "elsewhere" / inside
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(bundle / inside, target)
+    (bundle / inside).symlink_to(target)
+    with pytest.raises(BundleRefusedError) as error:
+        open_bundle(bundle)
+    assert f"{inside} is a symbolic link (to {target})" in str(error.value)
+
+
+def test_the_bundle_folder_itself_may_be_a_link(bundle, tmp_path):
+    """engines/current -> engines/v3: what is inside is plain files, so it serves."""
+    current = tmp_path / "current"
+    current.symlink_to(bundle)
+    open_bundle(current).close()
+
+
+def test_a_manifest_naming_a_file_outside_the_bundle_is_refused(bundle, tmp_path):
+    from medgemma_xray.engine_bundle.integrity import manifest_digest
+    from medgemma_xray.engine_bundle.manifest import read_manifest, write_manifest
+
+    outside = tmp_path / "outside.json"
+    outside.write_text("{}")
+    manifest = read_manifest(bundle)
+    manifest["integrity"]["files"]["../outside.json"] = {"sha256": "0" * 64, "bytes": 2}
+    manifest["integrity"]["manifest_sha256"] = manifest_digest(manifest)
+    write_manifest(bundle, manifest)
+    with pytest.raises(BundleRefusedError, match=r"names files outside the bundle \(\.\./outside\.json\)"):
+        open_bundle(bundle)
+
+
+def test_a_truncated_graph_sealed_again_is_a_configuration_error(bundle):
+    """The hashes match (sealed again), but ONNX Runtime cannot parse the graph: the same at every restart."""
+    from medgemma_xray.engine_bundle.manifest import ManifestError
+    from medgemma_xray.serving.exit_codes import BAD_CONFIGURATION, startup_exit_code
+
+    graph = bundle / "onnx" / "int8" / "decoder.onnx"
+    graph.write_bytes(graph.read_bytes()[: graph.stat().st_size // 2])
+    reseal(bundle, lambda m: None)
+    with pytest.raises(ManifestError, match=r"ONNX Runtime cannot load .*decoder\.onnx") as error:
+        open_bundle(bundle)
+    assert "Rebuild the bundle: python optimize_trt_engine.py" in str(error.value)
+    assert startup_exit_code(error.value) == BAD_CONFIGURATION
+
+
+def test_every_published_file_has_one_mode_that_other_users_may_read(int8_bundle):
+    """TensorRT plans (written by mkstemp, 0600) included: files 0644, folders 0755."""
+    modes = {path.relative_to(int8_bundle).as_posix(): path.stat().st_mode & 0o777 for path in int8_bundle.rglob("*")}
+    assert any(name.endswith(".plan") for name in modes), sorted(modes)
+    files = {name: oct(mode) for name, mode in modes.items() if (int8_bundle / name).is_file()}
+    folders = {name: oct(mode) for name, mode in modes.items() if (int8_bundle / name).is_dir()}
+    assert set(files.values()) == {"0o644"}, files
+    assert set(folders.values()) == {"0o755"}, folders
+    assert int8_bundle.stat().st_mode & 0o777 == 0o755

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -52,7 +53,25 @@ def parse_args(argv):
         default=0.9,
         help="greedy agreement with PyTorch on the long multi-turn case (>= 1,536 tokens where --max_seq_len allows)",
     )
+    parser.add_argument(
+        "--min_long_top1_agreement",
+        type=float,
+        default=0.9,
+        help="top-1 agreement with PyTorch at every position of the long case's answer (PyTorch's answer fed to both)",
+    )
     parser.add_argument("--max_kl", type=float, default=0.05, help="largest first-token KL divergence (nats)")
+    parser.add_argument(
+        "--max_long_kl",
+        type=float,
+        default=0.05,
+        help="largest KL divergence (nats) at any position of the long case's answer (PyTorch's answer fed to both)",
+    )
+    parser.add_argument(
+        "--int8_w8a8_layers",
+        default="",
+        help="int8: decoder projections that take W8A8 (INT8 activations), e.g. layers.2/mlp,layers.3/self_attn; "
+        "the rest take weight-only INT8. Choose them with benchmarks/int8_sensitivity.py",
+    )
     parser.add_argument(
         "--max_logprob_delta",
         type=float,
@@ -96,9 +115,21 @@ def parse_args(argv):
     return args
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM (systemd, kill, a CI timeout) ends the build through the same path as an error: the staging folder
+    is removed and the previous bundle stays as it was. (SIGKILL cannot be caught: the next build removes what
+    such a build left.)"""
+
+    def stop(signum, frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     args = parse_args(argv)
+    _stop_on_sigterm()
     from medgemma_xray.engine_build.calibration import CalibrationInputError, TooFewFilmsError
     from medgemma_xray.engine_build.finish import finish_from_onnx
     from medgemma_xray.engine_build.pipeline import BuildOptions, BuildRefusedError, build_bundle, command_line
@@ -174,9 +205,12 @@ def main(argv: list[str] | None = None) -> int:
                 "min_cosine": args.min_cosine,
                 "min_token_agreement": args.min_token_agreement,
                 "min_long_token_agreement": args.min_long_token_agreement,
+                "min_long_top1_agreement": args.min_long_top1_agreement,
                 "max_logprob_delta": args.max_logprob_delta,
                 "max_kl": args.max_kl,
+                "max_long_kl": args.max_long_kl,
             },
+            int8_w8a8_layers=tuple(part.strip() for part in args.int8_w8a8_layers.split(",") if part.strip()),
             task_phantoms=args.task_phantoms,
             task_seed=args.task_seed,
             max_f1_drop=args.max_f1_drop,
@@ -193,15 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         logger.debug("build failed", exc_info=True)
         logger.error("engine build failed: %s: %s", type(exc).__name__, exc)
         return 1
+    from medgemma_xray.engine_bundle.gate import gate_summary
+
     accuracy = manifest["accuracy"]
-    delta = accuracy["logprob_delta_max"]
     print(
         f"bundle ready: {args.output_path} ({manifest['precision']}, "
-        f"engines: {manifest['tensorrt']['target'] or 'none, ONNX only'}); "
-        f"embedding cosine {accuracy['image_embedding_cosine_min']:.4f}, "
-        f"token agreement {accuracy['token_agreement_mean']:.2f}, "
-        f"log-prob delta {'n/a' if delta is None else f'{delta:.1e}'}, first-token KL {accuracy['first_token_kl_max']:.1e} "
-        f"(measured on {accuracy['executor']})"
+        f"engines: {manifest['tensorrt']['target'] or 'none, ONNX only'}; measured on {accuracy['executor']}); "
+        f"gate: {gate_summary(accuracy)}"
     )
     print(task_accuracy_summary(accuracy["task_accuracy"]))
     return 0

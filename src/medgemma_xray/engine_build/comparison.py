@@ -110,6 +110,25 @@ class Comparator:
         return differences
 
 
+def compare_distributions(reference: np.ndarray, candidate: np.ndarray) -> dict:
+    """Position by position, two backends' logits over the same fed answer (InferenceBackend.answer_logits, shape
+    (positions, vocab)): how often their top-1 tokens agree, and the KL divergence (reference || candidate) at
+    every position, its mean, its largest and where that is."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"logits of shapes {reference.shape} and {candidate.shape} cannot be compared")
+    kls = [kl_divergence(a, b) for a, b in zip(reference, candidate, strict=True)]
+    top1 = reference.argmax(axis=-1) == candidate.argmax(axis=-1)
+    worst = int(np.argmax(kls))
+    return {
+        "answer_positions": len(kls),
+        "top1_agreement": float(top1.mean()),
+        "first_top1_disagreement": int(np.argmin(top1)) if not top1.all() else None,
+        "kl_mean": float(np.mean(kls)),
+        "kl_max": float(kls[worst]),
+        "kl_max_position": worst,
+    }
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a).ravel().astype(np.float64), np.asarray(b).ravel().astype(np.float64)
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))

@@ -1,5 +1,12 @@
 """Explicit precision in the ONNX with NVIDIA Model Optimizer: Q/DQ for INT8/FP8, AutoCast for FP16/BF16.
 
+INT8 in the decoder is weight-only by default (engine_build/weight_only.py): per-output-channel INT8 weights on
+the seven projection MatMuls of every layer, activations in fp32. ModelOpt's W8A8 (INT8 activations with one
+calibrated scale per tensor) lost the long conversation on the demo model (top-1 agreement 0.94 and a largest
+KL of 1.5 nats over a 1,578-token conversation's answer, against 1.00 and 0.0007 weight-only); a per-layer
+sensitivity sweep (benchmarks/int8_sensitivity.py) names the layers whose activations can still take W8A8, and
+--int8_w8a8_layers gives them to ModelOpt. The vision graph keeps ModelOpt's W8A8 (its cosine gate holds).
+
 What stays in higher precision, and why:
 - every non-GEMM op (LayerNorm, RMSNorm, Softmax, GELU, RoPE): ModelOpt quantizes MatMul/Conv/Gemm only, and
   high_precision_dtype="fp32" keeps the rest in fp32, not ModelOpt's fp16 default, because Gemma 3's
@@ -76,9 +83,17 @@ def _modelopt_logging():
 
 
 def quantize_graph(
-    graph: str, source: Path, target: Path, precision: str, calibration=None, calibration_method: str = "max"
+    graph: str,
+    source: Path,
+    target: Path,
+    precision: str,
+    calibration=None,
+    calibration_method: str = "max",
+    w8a8_layers: tuple[str, ...] = (),
 ) -> Path:
-    """Write the `precision` version of source to target. calibration: array dict or a FeedReader."""
+    """Write the `precision` version of source to target. calibration: array dict or a FeedReader. w8a8_layers:
+    for the INT8 decoder, name fragments of the projections (layers.2/mlp) that take ModelOpt's W8A8; the rest of
+    the projections take weight-only INT8."""
     if precision == "fp32":
         shutil.copyfile(source, target)
         return target
@@ -97,6 +112,9 @@ def quantize_graph(
     if graph == "embed":  # a gather, nothing to calibrate: keep it exact
         shutil.copyfile(source, target)
         return target
+    if graph == "decoder" and precision == "int8":
+        _decoder_int8(source, target, calibration_method, kwargs, w8a8_layers)
+        return target
     with _modelopt_logging():
         _quantize_qdq(graph, source, target, precision, calibration_method, kwargs)
     if not target.is_file():
@@ -104,8 +122,44 @@ def quantize_graph(
     return target
 
 
-def _quantize_qdq(graph: str, source: Path, target: Path, precision: str, calibration_method: str, kwargs) -> None:
+def _decoder_int8(source: Path, target: Path, calibration_method: str, kwargs, w8a8_layers: tuple[str, ...]) -> None:
+    """Weight-only INT8 on every projection, except those named in w8a8_layers, which ModelOpt quantizes W8A8."""
+    import re
+
+    import onnx
+
+    from medgemma_xray.engine_build.weight_only import apply_weight_only_int8, projection_nodes, save_graph
+
+    if w8a8_layers:
+        projections = projection_nodes(onnx.load(str(source), load_external_data=False))
+        unknown = [key for key in w8a8_layers if not any(key in name for name in projections)]
+        if unknown:
+            raise ValueError(
+                f"--int8_w8a8_layers {','.join(unknown)} names no projection of the decoder (they look like "
+                f"{projections[0].split('/')[2]}/self_attn or {projections[0].split('/')[2]}/mlp)"
+            )
+        keep = [name for name in projections if not any(key in name for key in w8a8_layers)]
+        excluded = (*KEEP_HIGH_PRECISION_NODES["decoder"], *(re.escape(name) for name in keep))
+        with _modelopt_logging():
+            _quantize_qdq("decoder", source, target, "int8", calibration_method, kwargs, excluded)
+        source = target
+    model = onnx.load(str(source))
+    apply_weight_only_int8(model, projection_nodes(model))  # what ModelOpt left unquantized
+    save_graph(model, target, large=_is_large(source))
+
+
+def _quantize_qdq(
+    graph: str,
+    source: Path,
+    target: Path,
+    precision: str,
+    calibration_method: str,
+    kwargs,
+    nodes_to_exclude: tuple[str, ...] | None = None,
+) -> None:
     from modelopt.onnx.quantization import quantize
+
+    excluded = list(nodes_to_exclude) if nodes_to_exclude is not None else KEEP_HIGH_PRECISION_NODES.get(graph)
 
     quantize(
         onnx_path=str(source),
@@ -116,7 +170,7 @@ def _quantize_qdq(graph: str, source: Path, target: Path, precision: str, calibr
         high_precision_dtype="fp32",
         mha_accumulation_dtype="fp32",
         disable_mha_qdq=True,
-        nodes_to_exclude=KEEP_HIGH_PRECISION_NODES.get(graph) or None,
+        nodes_to_exclude=excluded or None,
         log_level="WARNING",
         use_external_data_format=_is_large(source),
         **kwargs,

@@ -9,12 +9,15 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
+FILE_MODE = 0o644
+FOLDER_MODE = 0o755
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 1 << 1  # linux/fs.h
 
@@ -36,14 +39,56 @@ def refuse_existing_output(output: Path, overwrite: bool) -> None:
 
 
 def make_staging_dir(output: Path) -> Path:
-    """A fresh hidden folder beside output (same filesystem, so the final rename is atomic)."""
+    """A fresh hidden folder beside output (same filesystem, so the final rename is atomic), named with this
+    process's id so that a later build can tell an abandoned one (its builder killed) from one still being built."""
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.staging-", dir=output.parent))
-    umask = os.umask(0o022)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would hide the bundle from a service running as another user
+    remove_abandoned(output)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.staging-{os.getpid()}-", dir=output.parent))
+    staging.chmod(FOLDER_MODE)  # mkdtemp's 0700 would hide the bundle from a service running as another user
     return staging
+
+
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?:staging|previous)-(?P<pid>\d+)(?:-.*)?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_abandoned(output: Path) -> list[Path]:
+    """Remove the staging (and half-swapped previous) folders of builds of `output` whose process no longer runs:
+    a build killed by SIGKILL, a power cut, or an older version's SIGTERM. Returns what was removed."""
+    output = Path(output)
+    removed = []
+    for candidate in sorted(output.parent.glob(f".{output.name}.*")):
+        found = _LEFTOVER.match(candidate.name)
+        if not candidate.is_dir() or found is None or found["name"] != output.name:
+            continue
+        pid = int(found["pid"])
+        if pid == os.getpid() or _alive(pid):
+            continue
+        discard(candidate)
+        removed.append(candidate)
+        logger.warning("removed %s, left by a build (process %d) that no longer runs", candidate, pid)
+    return removed
+
+
+def publish_modes(folder: Path) -> None:
+    """One mode for everything a bundle publishes (files FILE_MODE, folders FOLDER_MODE), whatever the builder's
+    umask or the writer (TensorRT plans come from mkstemp, 0600): the service may run as another user."""
+    folder = Path(folder)
+    folder.chmod(FOLDER_MODE)
+    for path in folder.rglob("*"):
+        if path.is_symlink():
+            continue
+        path.chmod(FOLDER_MODE if path.is_dir() else FILE_MODE)
 
 
 def discard(staging: Path) -> None:
@@ -68,8 +113,10 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 def publish(staging: Path, output: Path, overwrite: bool) -> None:
-    """Move a verified staging folder to output; an existing output (only with overwrite) is swapped out whole."""
+    """Move a verified staging folder to output; an existing output (only with overwrite) is swapped out whole.
+    Every file is published FILE_MODE and every folder FOLDER_MODE first."""
     staging, output = Path(staging), Path(output)
+    publish_modes(staging)
     if not output.exists():
         os.rename(staging, output)
         return

@@ -12,7 +12,9 @@ itself is near chance.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,10 @@ def measure_task_accuracy(reference, bundle, phantoms: int, start_seed: int, max
     films = held_out_phantoms(phantoms, start_seed)
     results = {}
     for name, backend in (("pytorch", reference), ("bundle", bundle)):
-        results[name] = task_accuracy(backend, films, max_new_tokens=MAX_NEW_TOKENS, share_film_prefix=True)
+        with _progress(len(films), f"F1 gate, {name}") as advance:
+            results[name] = task_accuracy(
+                backend, films, max_new_tokens=MAX_NEW_TOKENS, share_film_prefix=True, progress=advance
+            )
     failures = compare_task_accuracy(results["pytorch"], results["bundle"], max_drop=max_drop)
     if failures:
         failures = [f"{failures[0]} on {phantoms} held-out phantoms (seeds {start_seed}..{start_seed + phantoms - 1})"]
@@ -67,6 +72,18 @@ def measure_task_accuracy(reference, bundle, phantoms: int, start_seed: int, max
             "so the gate only shows that the bundle answers as PyTorch does"
         )
     return record
+
+
+@contextlib.contextmanager
+def _progress(total: int, title: str):
+    """A tqdm bar on stderr over the phantoms (the F1 gate takes minutes on a CPU); yields its advance()."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=title, unit="phantom", file=sys.stderr)
+    try:
+        yield lambda: bar.update(1)
+    finally:
+        bar.close()
 
 
 def _summary(result: dict) -> dict:

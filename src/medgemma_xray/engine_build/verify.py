@@ -2,7 +2,9 @@
 
 Figures (medgemma_xray.engine_build.comparison.Comparator): cosine of the image embeddings, greedy token agreement over the
 first N tokens, the identical prefix, the log-probability difference of each token on that prefix, and the KL
-divergence of the first answer token's distribution (reference || bundle).
+divergence of the first answer token's distribution (reference || bundle). The long conversation adds the whole
+answer position by position: PyTorch's greedy answer is fed to both backends (teacher forcing), and the top-1
+agreement and KL divergence are taken at every position, so that later tokens count as much as the first.
 """
 
 from __future__ import annotations
@@ -10,18 +12,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from medgemma_xray.engine_build.calibration import CALIBRATION_QUESTIONS
-from medgemma_xray.engine_build.comparison import Comparator
-from medgemma_xray.engine_bundle.gate import LONG_CONVERSATION_TOKENS, gate_failures
+from medgemma_xray.engine_build.comparison import Comparator, compare_distributions
+from medgemma_xray.engine_bundle.gate import DEFAULT_THRESHOLDS, LONG_CONVERSATION_TOKENS, gate_failures
 from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    min_cosine: float = 0.99
-    min_token_agreement: float = 0.9
-    min_long_token_agreement: float = 0.9  # the long multi-turn case's greedy agreement
-    max_logprob_delta: float = 0.1  # nats, on the tokens both agree on
-    max_kl: float = 0.05  # nats, the first answer token's distribution
+    """The gate's thresholds (defaults: medgemma_xray.engine_bundle.gate.DEFAULT_THRESHOLDS)."""
+
+    min_cosine: float = DEFAULT_THRESHOLDS["min_cosine"]
+    min_token_agreement: float = DEFAULT_THRESHOLDS["min_token_agreement"]
+    min_long_token_agreement: float = DEFAULT_THRESHOLDS["min_long_token_agreement"]
+    min_long_top1_agreement: float = DEFAULT_THRESHOLDS["min_long_top1_agreement"]
+    max_logprob_delta: float = DEFAULT_THRESHOLDS["max_logprob_delta"]
+    max_kl: float = DEFAULT_THRESHOLDS["max_kl"]
+    max_long_kl: float = DEFAULT_THRESHOLDS["max_long_kl"]
 
 
 class AccuracyError(RuntimeError):
@@ -97,17 +103,27 @@ def measure_accuracy(reference_backend, bundle_backend, images: list, tokens: in
             bundle_backend.prompt_ids,
             max_prompt_tokens=max_sequence - tokens,
         )
-        long_runs = Comparator.run(backends, [request], features=False)
-        long_figures = Comparator.compare_accuracy(long_runs["pytorch"], long_runs["bundle"], tokens)
-        figures["long_conversation"] = {
-            "prompt_tokens": length,
-            "turns": len(request.turns),
-            "token_agreement": long_figures["token_agreement_mean"],
-            "identical_prefix": long_figures["identical_prefix_min"],
-            "first_token_kl": long_figures["first_token_kl_max"],
-            "logprob_delta_max": long_figures["logprob_delta_max"],
-        }
+        figures["long_conversation"] = {"prompt_tokens": length, **long_case_figures(backends, request, tokens)}
     return figures
+
+
+def long_case_figures(backends: dict, request: GenerationRequest, tokens: int) -> dict:
+    """The long case, free-running and teacher-forced: greedy agreement, identical prefix, first-token KL, and
+    over every position of PyTorch's answer the top-1 agreement and KL (backends: {"pytorch": .., "bundle": ..})."""
+    runs = Comparator.run(backends, [request], features=False)
+    free = Comparator.compare_accuracy(runs["pytorch"], runs["bundle"], tokens)
+    answer = [step.token_id for step in runs["pytorch"].steps[0]]
+    forced = compare_distributions(
+        backends["pytorch"].answer_logits(request, answer), backends["bundle"].answer_logits(request, answer)
+    )
+    return {
+        "turns": len(request.turns),
+        "token_agreement": free["token_agreement_mean"],
+        "identical_prefix": free["identical_prefix_min"],
+        "first_token_kl": free["first_token_kl_max"],
+        "logprob_delta_max": free["logprob_delta_max"],
+        **forced,
+    }
 
 
 def check(figures: dict, thresholds: Thresholds) -> list[str]:

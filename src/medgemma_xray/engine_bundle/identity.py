@@ -1,8 +1,10 @@
 """Which checkpoint a bundle was built from, and whether the PyTorch model being served is that checkpoint.
 
-The build records one SHA-256 over the checkpoint's safetensors shards (model.weights_sha256). Serving a bundle of
-another checkpoint beside PyTorch would answer from a different model than the breaker's fallback (and, for a
-checkpoint with other weights, answer nonsense), so the runtime compares the two hashes before it opens anything.
+The build records one SHA-256 over the checkpoint's safetensors shards (model.weights_sha256) and one per file that
+shapes what the model reads and says (model.files_sha256: config.json, the tokenizer, the chat template, the
+processor and generation settings). Serving a bundle of another checkpoint beside PyTorch would answer from a
+different model than the breaker's fallback: other weights answer nonsense, and an edited config.json or
+tokenizer answers differently on the same film. So the runtime compares every hash before it opens anything.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,18 @@ from typing import Any
 from medgemma_xray.engine_bundle.manifest import ManifestError, rebuild_command
 
 _BLOCK = 1 << 20
+# The files beside the weights that change what the model reads or says; the build copies those it finds into the
+# bundle (all but config.json, which the export bakes into the graphs) and records the hash of each.
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+)
+IDENTITY_FILES = ("config.json", "tokenizer.model", *PROCESSOR_FILES)
 # (folder, ((shard, bytes, mtime_ns), ...)) -> hash: the real checkpoint is 8.6 GB, hashed once per process.
 _hash_cache: dict[tuple[Any, ...], str] = {}
 _hash_lock = threading.Lock()
@@ -48,6 +63,29 @@ def weights_sha256(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+def model_files_sha256(model_dir: str | Path) -> dict[str, str]:
+    """SHA-256 of each of IDENTITY_FILES that the checkpoint has, by name (the manifest's model.files_sha256)."""
+    folder = Path(model_dir)
+    hashes = {}
+    for name in IDENTITY_FILES:
+        path = folder / name
+        if path.is_file():
+            hashes[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashes
+
+
+def rebuild_from(manifest: dict[str, Any], served: Path) -> str:
+    """The command that rebuilds this bundle from the served checkpoint: the recorded build with its --model_path
+    set to `served` (added where the build took the default demo checkpoint)."""
+    command = rebuild_command(manifest)
+    model = f"--model_path {shlex.quote(str(served))}"
+    replaced, count = re.subn(r"--model_path(?:=|\s+)\S+", lambda _: model, command, count=1)
+    if count:
+        return replaced
+    program = r"(optimize_trt_engine\.py|medgemma-xray-build-engine)"
+    return re.sub(program, lambda found: f"{found.group(1)} {model}", command, count=1)
+
+
 def _model_name(model_dir: Path) -> str:
     """The served checkpoint in words: its demo marker's id or config's name, and its folder."""
     marker = model_dir / "demo_checkpoint.json"
@@ -63,11 +101,12 @@ def _model_name(model_dir: Path) -> str:
 
 
 def check_model_identity(bundle_dir: Path, manifest: dict[str, Any], served_model: str | Path) -> None:
-    """Raise ModelMismatchError unless served_model's weights are the ones the bundle records."""
+    """Raise ModelMismatchError unless served_model's weights, config, tokenizer and processor files are the ones
+    the bundle records."""
     served = Path(served_model)
     model = manifest.get("model", {})
     built = f"{model.get('id', 'an unknown model')} at {model.get('source_path', 'an unknown path')}"
-    rebuild = re.sub(r"--model_path \S+", lambda _: f"--model_path {served}", rebuild_command(manifest))
+    rebuild = rebuild_from(manifest, served)
     if not _shards(served):
         raise ModelMismatchError(
             f"the PyTorch model {served} has no *.safetensors weights (missing or not a checkpoint), so nothing "
@@ -76,11 +115,39 @@ def check_model_identity(bundle_dir: Path, manifest: dict[str, Any], served_mode
         )
     recorded = model.get("weights_sha256")
     actual = weights_sha256(served)
+    same_model = (
+        "A bundle must serve the same model as PyTorch (the fallback answers from PyTorch). "
+        f"Rebuild the bundle from the served model: {rebuild}; or set MODEL_PATH to {model.get('source_path')}."
+    )
     if recorded != actual:
         raise ModelMismatchError(
             f"the engine bundle {bundle_dir} was built from another model than this server's PyTorch model "
             f"{served}: bundle from {built} (weights SHA-256 {str(recorded)[:16]}...), served "
-            f"{_model_name(served)} (weights SHA-256 {actual[:16]}...). A bundle must serve the same model as "
-            "PyTorch (the fallback answers from PyTorch). "
-            f"Rebuild the bundle from the served model: {rebuild}; or set MODEL_PATH to {model.get('source_path')}."
+            f"{_model_name(served)} (weights SHA-256 {actual[:16]}...). {same_model}"
         )
+    recorded_files = model.get("files_sha256")
+    if not isinstance(recorded_files, dict):
+        raise ModelMismatchError(
+            f"the engine bundle {bundle_dir} records the hash of its model's weights only, not of its config.json, "
+            f"tokenizer and processor files (a bundle from an older build), so nothing shows that {served} reads "
+            f"and answers as the model it was built from. Rebuild it: {rebuild}"
+        )
+    served_files = model_files_sha256(served)
+    differ = sorted(
+        name for name in set(recorded_files) | set(served_files) if recorded_files.get(name) != served_files.get(name)
+    )
+    if differ:
+        described = ", ".join(f"{name} {_how_it_differs(name, recorded_files, served_files)}" for name in differ)
+        raise ModelMismatchError(
+            f"the engine bundle {bundle_dir} was built from another version of this server's PyTorch model "
+            f"{served}: the weights match, but {described} since the build from {built}. The bundle and PyTorch "
+            f"would read or answer differently. {same_model}"
+        )
+
+
+def _how_it_differs(name: str, recorded: dict[str, str], served: dict[str, str]) -> str:
+    if name not in served:
+        return "is missing from the served model"
+    if name not in recorded:
+        return "was added to the served model"
+    return f"changed (SHA-256 {served[name][:16]}..., recorded {recorded[name][:16]}...)"

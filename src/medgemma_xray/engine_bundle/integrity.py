@@ -3,7 +3,10 @@
 A bundle serves only if (1) its accuracy gate passed, and its recorded figures pass its recorded thresholds, (2) the manifest is the one the build sealed (a digest over
 its whole content: editing the weight hash, the precision or the accuracy figures breaks it), and (3) every
 recorded file (plans, ONNX graphs and their external data, tokenizer and processor files) is there with the
-recorded size and SHA-256. Every refusal names the file and the command that rebuilds the bundle.
+recorded size and SHA-256, and (4) the bundle is one folder of plain files: no symbolic link anywhere in it (a
+linked file, folder or manifest would let what serves change behind the hashes, or read files outside the
+bundle), and no recorded name that points outside it. Every refusal names the file and the command that rebuilds
+the bundle.
 
 What the seal is: a plain SHA-256, not a signature. It catches accidents (a truncated copy, a file replaced by
 another build's, a hand-edited manifest); it cannot stop someone with write access to the bundle, who can edit a
@@ -121,10 +124,39 @@ def check_accuracy_gate(bundle_dir: Path, manifest: dict[str, Any]) -> None:
         )
 
 
+def refuse_links(bundle_dir: str | Path) -> None:
+    """Refuse a bundle with a symbolic link anywhere inside it (a file, a folder, the manifest). The bundle's own
+    path may be a link (engines/current -> engines/v3): what is inside it must be plain files and folders."""
+    bundle_dir = Path(bundle_dir)
+    for folder, folders, files in os.walk(bundle_dir):
+        for name in sorted([*folders, *files]):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise BundleRefusedError(
+                    f"{bundle_dir}: {path.relative_to(bundle_dir).as_posix()} is a symbolic link (to "
+                    f"{os.readlink(path)}). A bundle holds its own files only, so that the hashes it records are "
+                    "the files that serve: copy the bundle with its files (cp -rL, or rebuild it) instead of linking "
+                    "into it."
+                )
+
+
+def _inside(name: str) -> bool:
+    """A relative path without '..': inside the bundle, since nothing in it is a link (refuse_links)."""
+    relative = Path(name)
+    return not relative.is_absolute() and ".." not in relative.parts and bool(relative.parts)
+
+
+def unreadable(bundle_dir: Path, names: list[str]) -> list[str]:
+    """The names among `names` that this process may not read."""
+    return [name for name in names if not os.access(bundle_dir / name, os.R_OK)]
+
+
 def verify_bundle(bundle_dir: str | Path, manifest: dict[str, Any]) -> IntegrityReport:
-    """Refuse (BundleRefusedError) unless the accuracy gate passed and every recorded file is unchanged."""
+    """Refuse (BundleRefusedError) unless the accuracy gate passed, every recorded file is unchanged, readable and
+    inside the bundle, and nothing in it is a symbolic link."""
     bundle_dir = Path(bundle_dir)
     started = time.perf_counter()
+    refuse_links(bundle_dir)
     check_accuracy_gate(bundle_dir, manifest)
     rebuild = rebuild_command(manifest)
     integrity = manifest.get("integrity")
@@ -139,6 +171,12 @@ def verify_bundle(bundle_dir: str | Path, manifest: dict[str, Any]) -> Integrity
             f"content: an edited weight hash, precision, shape or accuracy figure). Rebuild it: {rebuild}"
         )
     files = integrity["files"]
+    outside = [name for name in [*files, *served_files(manifest)] if not _inside(name)]
+    if outside:
+        raise BundleRefusedError(
+            f"{bundle_dir}/{MANIFEST_NAME} names files outside the bundle ({', '.join(sorted(set(outside)))}): a "
+            f"bundle serves only files inside its own folder. Rebuild it: {rebuild}"
+        )
     for name in served_files(manifest):
         if name not in files:
             raise BundleRefusedError(f"{bundle_dir}: the manifest records no hash for {name}. Rebuild it: {rebuild}")
@@ -156,6 +194,13 @@ def verify_bundle(bundle_dir: str | Path, manifest: dict[str, Any]) -> Integrity
                 f"replaced). Rebuild it: {rebuild}"
             )
         present.append(name)
+    denied = unreadable(bundle_dir, present)
+    if denied:
+        raise BundleRefusedError(
+            f"{bundle_dir}: this server's user (uid {os.getuid()}) may not read {', '.join(denied)}. Every file of a "
+            f"bundle must be readable by the service's user: chmod -R a+rX {bundle_dir} (the build publishes every "
+            "file 0644 and every folder 0755), or rebuild it."
+        )
     hashes = _hash_all(bundle_dir, present)
     for name in present:
         if hashes[name] != files[name]["sha256"]:

@@ -254,6 +254,30 @@ class InferenceBackend(abc.ABC):
             finally:
                 self._free_impl(kv)
 
+    def answer_logits(self, request: GenerationRequest, answer_ids: Sequence[int]) -> np.ndarray:
+        """float32 logits, shape (len(answer_ids) + 1, vocab): the next-token distribution at every position of a
+        given answer, each fed the answer's earlier tokens (teacher forcing), and the one after its last token.
+        What a precision check compares over a whole answer, position by position, on the same text for both
+        backends: free-running greedy answers part at the first different token and compare nothing after it."""
+        import numpy as np
+
+        self.check_health()
+        request.validate()
+        with self._lock:
+            prompt = self._encode_impl(request)
+            length = len(prompt.ids)
+            prompt.ids = [*prompt.ids, *(int(token) for token in answer_ids)]
+            kv = self._allocate()
+            try:
+                if self.image_token_id is not None and self.image_token_id in prompt.ids:
+                    self._prepare_images_impl([prompt])
+                rows = [self._chunk_logits_impl(kv, prompt, 0, length)]
+                for position in range(length, len(prompt.ids)):
+                    rows.append(self._chunk_logits_impl(kv, prompt, position, position + 1))
+                return np.stack([np.asarray(row, dtype=np.float32).ravel() for row in rows])
+            finally:
+                self._free_impl(kv)
+
     # --- many callers: what a scheduler drives ---------------------------------------------------------------------
     def start(
         self, request: GenerationRequest, stats: GenerationStats | None = None, image_hash: str | None = None
@@ -820,6 +844,14 @@ class InferenceBackend(abc.ABC):
     @abc.abstractmethod
     def _prompt_logits_impl(self, kv: Any, prompt: Prompt) -> np.ndarray:
         """Prefill the whole prompt into an empty kv; return the next token's float32 logits as a numpy array."""
+
+    def _chunk_logits_impl(self, kv: Any, prompt: Prompt, start: int, end: int) -> np.ndarray:
+        """Feed prompt.ids[start:end] into kv (which holds prompt.ids[:start]); return the float32 logits after
+        the chunk's last token. Needed only by answer_logits (precision checks)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot score a given answer position by position (answer_logits): it does not "
+            "implement _chunk_logits_impl"
+        )
 
     def _prefill_batch_impl(self, items: list[tuple[Any, Prompt, int, int, bool]]) -> list[TokenStep | None]:
         """Several (kv, prompt, start, end, want_token) chunks; a backend that can packs them into one forward."""

@@ -23,7 +23,9 @@ class Mode(StrEnum):
 
     @property
     def label(self) -> str:
-        return {"pytorch": "PyTorch", "trt": "TensorRT"}[self.value]
+        """The mode in words before its backend is loaded (a failed load or switch names it so): "engine bundle",
+        since which executor runs a bundle (TensorRT or ONNX Runtime) is known only once it is open."""
+        return {"pytorch": "PyTorch", "trt": "engine bundle"}[self.value]
 
     @classmethod
     def parse(cls, value: str) -> Mode:
@@ -98,13 +100,19 @@ class BackendInfo:
     def mode_label(self) -> str:
         """What serves, in words, for every status surface (UI badge, status lines, log): "TensorRT" only where
         TensorRT executes the plans; otherwise the executor that runs, and why."""
-        label = self.mode.label
+        label = "TensorRT" if self.mode is Mode.TRT and self.executor == "tensorrt" else self.mode.label
         if self.mode is Mode.TRT and self.executor != "tensorrt":
             label = f"Engine bundle on {self.executor}, not TensorRT"
             label += f" ({self.executor_note})" if self.executor_note else ""
         if self.unverified_reason:
             label += f" [{UNVERIFIED_NOTICE}]"
         return label
+
+    @property
+    def metric_label(self) -> str:
+        """The serving backend as a metric label value: "pytorch", or an engine bundle's executor and precision
+        (onnxruntime-cpu-int8, tensorrt-fp16), never a bare "trt" that does not say what runs."""
+        return "pytorch" if self.mode is Mode.PYTORCH else f"{self.executor}-{self.precision}"
 
     @property
     def engine_summary(self) -> str:

@@ -119,6 +119,9 @@ class TorchInference(InferenceBackend):
     def _prompt_logits_impl(self, kv, prompt: Prompt):
         return self._forward_prompt(kv, prompt, 0, len(prompt.ids))[0].float().cpu().numpy()
 
+    def _chunk_logits_impl(self, kv, prompt: Prompt, start: int, end: int):
+        return self._forward_prompt(kv, prompt, start, end)[0].float().cpu().numpy()
+
     def _forward_prompt(self, kv, prompt: Prompt, start: int, end: int):
         torch = self._torch
         ids = torch.tensor([prompt.ids[start:end]], device=self.device)

@@ -127,7 +127,8 @@ class ReplicaSetService:
             if isinstance(error, ServiceUnavailable) and str(error) == REPLICA_LOST:
                 logger.warning("a model replica stopped during an answer: %s", type(exc).__name__)
             raise error from None
-        self.metrics.observe_request(self.mode, time.perf_counter() - started, stats.first_token_s, stats.new_tokens)
+        label = self._info.metric_label if self._info is not None else "none"
+        self.metrics.observe_request(label, time.perf_counter() - started, stats.first_token_s, stats.new_tokens)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """serving.surface.InferenceSurface.count_prompt_tokens, by a replica's own tokenizer (the film stays here)."""

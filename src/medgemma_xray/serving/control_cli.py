@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
-from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE
+from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE, gate_summary
 from medgemma_xray.inference_api.types import Mode
 from medgemma_xray.serving.control import send_command
 
@@ -63,6 +63,9 @@ def format_status(status: dict, pid: int | None) -> str:
         )
     elif measured_on:
         lines.append(f"Engine accuracy measured on: {measured_on}")
+    gate = gate_summary((backend.get("details") or {}).get("accuracy"))
+    if gate:
+        lines.append(f"Engine gate: {gate}")
     switch = status.get("last_switch")
     if switch:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(switch["at"]))

@@ -58,12 +58,32 @@ class ServiceMetrics:
         self.ready = Gauge("medgemma_ready", "1 when a warmed-up backend serves", registry=self.registry)
         self.backend = Gauge(
             "medgemma_backend_info",
-            "1 for what serves: the mode, the executor that runs it (TensorRT only where TensorRT executes), "
-            "its precision, and whether its accuracy was measured on that executor",
-            ["mode", "executor", "precision", "accuracy_verified"],
+            "1 for what serves: the mode (pytorch, engine-bundle), the executor that runs it (TensorRT only where "
+            "TensorRT executes), its precision, whether its accuracy was measured on that executor, and whether its "
+            "accuracy gate passed any threshold lowered below the default",
+            ["mode", "executor", "precision", "accuracy_verified", "thresholds_lowered"],
             registry=self.registry,
         )
-        # vLLM's names (the model_name label carries the serving mode here).
+        self.gate_value = Gauge(
+            "medgemma_engine_gate_value",
+            "The serving bundle's accuracy-gate figures against PyTorch (figure: token_agreement, "
+            "long_token_agreement, long_top1_agreement, long_kl, ...)",
+            ["figure"],
+            registry=self.registry,
+        )
+        self.gate_threshold = Gauge(
+            "medgemma_engine_gate_threshold",
+            "The threshold each gate figure passed; lowered=true where the build loosened it below the default",
+            ["figure", "bound", "lowered"],
+            registry=self.registry,
+        )
+        self.gate_default = Gauge(
+            "medgemma_engine_gate_default_threshold",
+            "The default threshold of each gate figure",
+            ["figure", "bound"],
+            registry=self.registry,
+        )
+        # vLLM's names (model_name: "pytorch", or the engine bundle's executor and precision, onnxruntime-cpu-int8).
         self.vllm_ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -105,10 +125,24 @@ class ServiceMetrics:
         self.vllm_running.set_function(running)
 
     def set_backend(self, info) -> None:
-        """One series, for the backend that serves now (a BackendInfo); the previous one is removed."""
-        self.backend.clear()
+        """One series, for the backend that serves now (a BackendInfo); the previous one is removed. An engine
+        bundle's gate figures and thresholds come with it (none for PyTorch)."""
+        from medgemma_xray.engine_bundle.gate import gate_figures
+
+        for gauge in (self.backend, self.gate_value, self.gate_threshold, self.gate_default):
+            gauge.clear()
         verified = "false" if info.unverified_reason else "true"
-        self.backend.labels(str(info.mode), info.executor, info.precision, verified).set(1)
+        figures = gate_figures((info.details or {}).get("accuracy"))
+        lowered = "true" if any(figure.lowered for figure in figures) else "false"
+        mode = "pytorch" if str(info.mode) == "pytorch" else "engine-bundle"
+        self.backend.labels(mode, info.executor, info.precision, verified, lowered).set(1)
+        for figure in figures:
+            bound = "min" if figure.at_least else "max"
+            if figure.value is not None:
+                self.gate_value.labels(figure.key).set(figure.value)
+            if figure.threshold is not None:
+                self.gate_threshold.labels(figure.key, bound, str(figure.lowered).lower()).set(figure.threshold)
+            self.gate_default.labels(figure.key, bound).set(figure.default)
 
     def bind_cache_stats(self, cache_stats) -> None:
         """A callable returning the serving backend's InferenceBackend.cache_stats() (or None), read at scrape."""

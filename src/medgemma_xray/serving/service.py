@@ -57,6 +57,7 @@ class Served:
 
     def __init__(self, mode: Mode, backend: InferenceBackend, scheduler: Scheduler) -> None:
         self.mode, self.backend, self.scheduler = mode, backend, scheduler
+        self.metric_label = backend.info().metric_label  # what metric series call it: pytorch, onnxruntime-cpu-int8
         self.leases = 0
         self.retired = False
 
@@ -265,7 +266,7 @@ class InferenceService:
         if judge:
             self.breaker.record_success()
         self.metrics.observe_request(
-            served.mode, time.perf_counter() - started, first_token_s, stats.new_tokens, stats.token_times
+            served.metric_label, time.perf_counter() - started, first_token_s, stats.new_tokens, stats.token_times
         )
 
     def image_features(self, images):

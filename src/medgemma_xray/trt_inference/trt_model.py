@@ -17,7 +17,7 @@ import numpy as np
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, DEFAULT_SEQUENCE_SLOTS, DEMO_NOTICE
 from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE, unverified_reason
 from medgemma_xray.engine_bundle.identity import check_model_identity
-from medgemma_xray.engine_bundle.integrity import BundleRefusedError, verify_bundle
+from medgemma_xray.engine_bundle.integrity import BundleRefusedError, refuse_links, verify_bundle
 from medgemma_xray.engine_bundle.manifest import (
     ManifestError,
     check_gpu,
@@ -73,6 +73,8 @@ class TRTInference(InferenceBackend):
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
         self.bundle_dir = _bundle_folder(Path(engine_path))
+        if require_verified:
+            refuse_links(self.bundle_dir)  # before the manifest is read: it may be the link
         self.manifest = manifest = read_manifest(self.bundle_dir)
         if input_shape is not None:
             _check_input_shape(tuple(input_shape), manifest["shapes"], self.bundle_dir)
@@ -214,6 +216,9 @@ class TRTInference(InferenceBackend):
 
     def _prompt_logits_impl(self, sequence: ExecutorSequence, prompt: Prompt) -> np.ndarray:
         return self._run_prompt(sequence, prompt, 0, len(prompt.ids))[0]
+
+    def _chunk_logits_impl(self, sequence: ExecutorSequence, prompt: Prompt, start: int, end: int) -> np.ndarray:
+        return self._run_prompt(sequence, prompt, start, end)[0]
 
     def _run_prompt(self, sequence: ExecutorSequence, prompt: Prompt, start: int, end: int) -> np.ndarray:
         ids = np.asarray([prompt.ids], dtype=np.int64)

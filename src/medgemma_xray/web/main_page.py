@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from medgemma_xray.assistant.case import EXAMPLE_QUESTIONS, Case
 from medgemma_xray.assistant.film_notes import film_notes_markdown
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
+from medgemma_xray.engine_bundle.gate import gate_summary
 from medgemma_xray.web.asking import client_key
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
@@ -79,6 +80,9 @@ def badge_markdown(service: InferenceSurface) -> str:
         f"**Mode:** {info.mode_label} &nbsp; **Precision:** {info.precision.upper()} &nbsp; "
         f"**Executor:** {info.executor} &nbsp; **Device:** {info.device} &nbsp; **Model:** {info.model_id}"
     )
+    gate = gate_summary((info.details or {}).get("accuracy"))
+    if gate:
+        text += f"\n\n{'⚠️ ' if 'LOWERED' in gate else ''}**Accuracy gate:** {gate}"
     breaker = service.status(brief=True)["breaker"]
     if breaker["state"] == "open":
         text += (

@@ -6,6 +6,8 @@ memory standing in for the GPU, every copy bounds-checked); benchmarks/h200_tens
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 
@@ -126,11 +128,20 @@ def device_compute_capability(device: int = 0) -> tuple[str, str]:
     return name.rstrip("\x00"), f"{properties.major}.{properties.minor}"
 
 
+def nvidia_driver_present() -> bool:
+    """Whether an NVIDIA kernel driver is loaded here (what every CUDA call needs, whatever the Python package)."""
+    return Path("/proc/driver/nvidia").exists() or Path("/dev/nvidiactl").exists()
+
+
 def probe_cuda_gpu(device: int = 0) -> tuple[tuple[str, str] | None, str]:
-    """((GPU name, "major.minor"), "") where cuda-python sees a GPU, else (None, why not): for logs and errors."""
+    """((GPU name, "major.minor"), "") where cuda-python sees a GPU, else (None, why not): for logs and errors.
+    Installing cuda-python is suggested only where an NVIDIA driver is present: on a host without one it would
+    not help."""
     try:
         from cuda.bindings import runtime  # noqa: F401
     except ImportError as exc:
+        if not nvidia_driver_present():
+            return None, "this host has no NVIDIA GPU driver (no /proc/driver/nvidia, no /dev/nvidiactl)"
         return None, f"cuda-python is not installed ({exc}); pip install cuda-python==13.4.4"
     try:
         return device_compute_capability(device), ""

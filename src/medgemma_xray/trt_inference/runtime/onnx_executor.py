@@ -14,6 +14,7 @@ from typing import cast
 import numpy as np
 
 from medgemma_xray.engine_bundle.defaults import DEFAULT_SEQUENCE_SLOTS
+from medgemma_xray.engine_bundle.manifest import ManifestError, rebuild_command
 from medgemma_xray.engine_bundle.names import kv_input_names
 from medgemma_xray.trt_inference.runtime.slots import DEFAULT_SLOT_TIMEOUT_S, SlotPool
 
@@ -37,6 +38,22 @@ def cpu_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+def _session(path: Path, options, manifest: dict):
+    """One graph's session. A graph ONNX Runtime cannot parse is a configuration error (a truncated or damaged
+    file, sealed again by hand): the same bytes fail the same way at every restart."""
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidGraph, InvalidProtobuf
+
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except (InvalidProtobuf, InvalidGraph) as exc:
+        raise ManifestError(
+            f"ONNX Runtime cannot load {path} ({str(exc).strip()}): the graph is damaged, although it matches the "
+            f"hash its manifest records (a manifest sealed again after the file changed). Rebuild the bundle: "
+            f"{rebuild_command(manifest)}"
+        ) from exc
+
+
 class OnnxRuntimeExecutor:
     name = "onnxruntime-cpu"
 
@@ -51,8 +68,7 @@ class OnnxRuntimeExecutor:
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, self.optimization_level)
         self.sessions = {}
         for graph, entry in manifest["graphs"].items():
-            path = Path(bundle_dir) / entry["onnx"]
-            self.sessions[graph] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.sessions[graph] = _session(Path(bundle_dir) / entry["onnx"], options, manifest)
         shapes = manifest["shapes"]
         self.layers, self.kv_heads, self.head_dim = shapes["layers"], shapes["kv_heads"], shapes["head_dim"]
         self.max_batch, self.max_sequence = shapes["max_batch"], shapes["max_sequence"]
