@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medgemma_xray.phantoms.findings import FINDINGS
 from medgemma_xray.teaching.library import load_library, write_starter_set
 from medgemma_xray.teaching.model_read import model_read
 from medgemma_xray.teaching.scoring import read_from_labels, score_read
@@ -99,6 +98,8 @@ def _fill_read(page, read: dict) -> None:
     for name, elem_id in CHECKBOXES.items():
         if read.get(name):
             page.check(f"#{elem_id} input")
+    if any(read.get(name) is False for name in CHECKBOXES):  # an unticked finding is absent only when said so
+        page.check("#read-rest-absent input")
     for name, elem_id in CHOICES.items():
         value = read.get(name)
         if value is not None:
@@ -165,15 +166,31 @@ def _report_text(page) -> str:
     return page.inner_text("#teach-reveal-box pre").strip()
 
 
+STUDENT = "Ana Lopez"
+DATED_NAME = r"^\d{4}-\d{2}-\d{2}_teaching-session-[0-9a-f]{4}_3-cases\.(csv|pdf)$"
+
+
+def _disabled(page, selector: str) -> bool:
+    return page.locator(selector).is_disabled()
+
+
 def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, tmp_path):
+    """Guess first: the questions are locked until Reveal and the read after it; the student is scored on the
+    fields answered ("not assessed" for the rest); the exports are dated, named by the round, and carry the
+    student's name and the date."""
+    import datetime
+
     playwright_api = pytest.importorskip("playwright.sync_api")
     library = load_library(library_folder)
     by_title = {case.title: case for case in library.cases}
     ARTIFACTS.mkdir(exist_ok=True)
     expected = []
+    today = datetime.date.today().isoformat()
     with playwright_api.sync_playwright() as playwright:
         browser = _browser(playwright)
         page = _open_page(browser, teaching_server.url)
+        page.fill("#teach-student textarea, #teach-student input", STUDENT)
+        assert today in page.inner_text("#teach-day")
         page.click("#teach-shuffle")
         page.wait_for_selector("#teach-order :text('Quiz order:')", timeout=60_000)
         order = page.inner_text("#teach-order").split("Quiz order:", 1)[1].strip().split(", ")
@@ -190,21 +207,36 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
                 read = read_from_labels(key)
                 read["cardiothoracic_ratio"] = round(key.heart.cardiothoracic_ratio + 0.15, 2)
                 read["technique.rotated"] = not key.technique.rotated
-            else:  # nothing entered: every finding called absent, the ratio and technique not stated
-                read = {f"present.{finding}": False for finding in FINDINGS}
+            else:  # nothing entered: every field not assessed, nothing scored
+                read = {}
+            # Before the reveal the Questions panel is locked in quiz mode (typing is refused too).
+            page.wait_for_function("() => document.querySelector('#teach-ask').disabled")
+            assert _disabled(page, "#teach-question textarea")
+            assert "press Reveal first" in page.get_attribute("#teach-question textarea", "placeholder")
+            assert not _disabled(page, "#read-effusion input")
             _fill_read(page, read)
             page.click("#teach-reveal")
             page.wait_for_selector("#teach-model-score :text('Model score')", timeout=180_000)
-            student = score_read(read, key)
+            student = score_read(read, key, answered_only=True)
             model = score_read(model_read(_report_text(page)), key)
             expected.append((title, student.summary(), model.summary()))
             assert f"Student score: {student.summary()}" in page.inner_text("#teach-student-score")
+            assert STUDENT in page.inner_text("#teach-student-score") and today in page.inner_text(
+                "#teach-student-score"
+            )
             assert f"Model score: {model.summary()}" in page.inner_text("#teach-model-score")
+            # After the reveal the read is locked and the questions open.
+            page.wait_for_function("() => document.querySelector('#read-effusion input').disabled", timeout=60_000)
+            assert _disabled(page, "#read-notes textarea") and _disabled(page, "#read-ctr input")
+            page.wait_for_function("() => !document.querySelector('#teach-ask').disabled", timeout=60_000)
             if index == 0:
-                assert student.right == student.total
+                assert student.right == student.total and student.not_assessed == 0
             if index == 1:
                 assert student.total - student.right == 2
                 assert not student.mark("cardiothoracic_ratio").right and not student.mark("technique.rotated").right
+            if index == 2:  # an empty read scores nothing, and says so field by field
+                assert student.total == 0 and "nothing answered" in page.inner_text("#teach-student-score")
+                assert page.inner_text("#teach-reveal-box").count("not assessed") == student.not_assessed
             page.screenshot(path=str(ARTIFACTS / f"teaching_quiz_case{index + 1}.png"), full_page=True)
 
         page.click("#teach-export")
@@ -216,10 +248,17 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
         csv_text = Path(csv_download.value.path()).read_text(encoding="utf-8")
         pdf_path = tmp_path / "session.pdf"
         shutil.copy(pdf_download.value.path(), pdf_path)
+        names = (csv_download.value.suggested_filename, pdf_download.value.suggested_filename)
         browser.close()
 
+    for name in names:
+        assert re.match(DATED_NAME, name) and name.startswith(today), name
     rows = list(csv.DictReader(io.StringIO(csv_text)))
-    assert [(r["title"], r["student_score"].split()[0], r["model_score"].split()[0]) for r in rows] == expected
+    assert [(r["title"], r["student_score"].split(" (")[0], r["model_score"].split(" (")[0]) for r in rows] == [
+        (title, student.split(" (")[0], model) for title, student, model in expected
+    ]
+    assert {(r["student"], r["date"]) for r in rows} == {(STUDENT, today)}
+    assert all(r["cardiothoracic ratio (key)"] for r in rows) and rows[2]["rotated (student)"] == "not assessed"
     rendered = ARTIFACTS / "teaching_session_handout"
     subprocess.run(["pdftoppm", "-png", "-r", "60", "-f", "1", "-l", "1", str(pdf_path), str(rendered)], check=True)
     page_png = next(ARTIFACTS.glob("teaching_session_handout*.png"))
@@ -228,6 +267,7 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
     pixels = np.asarray(Image.open(page_png).convert("L"))
     assert (pixels < 128).mean() > 0.01, "the handout's first page rendered blank"
     pdf_text = subprocess.run(["pdftotext", str(pdf_path), "-"], check=True, capture_output=True, text=True).stdout
+    assert f"Student: {STUDENT}" in pdf_text and today in pdf_text
     for title, student_score, model_score in expected:
         assert title in pdf_text and f"Student {student_score}" in pdf_text and f"Model {model_score}" in pdf_text
     for exported in (csv_text, pdf_text):

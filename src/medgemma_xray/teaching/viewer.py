@@ -226,6 +226,19 @@ def click(film: DisplayFilm, state: ViewState, view_x: float, view_y: float, vie
     return replace(state, points=(*points, (row, col)))
 
 
+def thumbnail_png(film: DisplayFilm, longest: int = 256) -> bytes:
+    """A small PNG of the whole film at its own window (the handout's picture of each case)."""
+    import io
+
+    from PIL import Image
+
+    state = ViewState.initial(film)
+    picture, _ = render_view(film, state, view_max=longest)
+    buffer = io.BytesIO()
+    Image.fromarray(picture).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def ruler_mm(film: DisplayFilm, first: tuple[float, float], second: tuple[float, float]) -> float | None:
     """The distance between two film points in millimetres; None when the film has no pixel spacing."""
     if film.pixel_spacing_mm is None:

@@ -40,7 +40,7 @@ FORM_DEFAULTS: dict[str, Any] = {
     "read_ett": False, "read_ett_tip": None,
     "read_line": False, "read_line_route": "", "read_line_tip": "",
     "read_pacemaker": False, "read_pacemaker_side": "",
-    "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_notes": "",
+    "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_rest_absent": False, "read_notes": "",
 }  # fmt: skip
 FORM = list(FORM_DEFAULTS)
 
@@ -119,6 +119,38 @@ def current_round(values: dict) -> tuple[SessionSlot[TeachingSession], TeachingS
     if held.current is None:
         raise refused(NO_CASE, logger, "teaching")
     return session, held, held.current
+
+
+QUESTIONS_LOCKED = "Quiz mode: commit your read and press Reveal first; the questions open after the reveal."
+
+
+def questions_locked(page: TeachingPage, quiz: bool, round_: Round | None) -> bool:
+    """Guess first: in quiz mode no question is answered about a case before its reveal, unless the operator's
+    TEACHING_QUESTIONS_BEFORE_REVEAL opens them (a round that discusses the film first)."""
+    if round_ is None or not quiz or round_.revealed:
+        return False
+    return not page.settings.teaching_questions_before_reveal
+
+
+def question_controls(locked: bool) -> dict:
+    """The Question box and Ask, locked (with the reason in the box) or open."""
+    import gradio as gr
+
+    placeholder = QUESTIONS_LOCKED if locked else "Ask about the film on screen"
+    return {
+        "question": gr.update(interactive=not locked, placeholder=placeholder),
+        "ask_button": gr.update(interactive=not locked),
+    }
+
+
+def read_form(interactive: bool, reset: bool = False) -> dict:
+    """The read form's components open or locked (after the reveal the read is the one that was scored); reset:
+    back to an empty read too (a new case)."""
+    import gradio as gr
+
+    if reset:
+        return {name: gr.update(value=value, interactive=interactive) for name, value in FORM_DEFAULTS.items()}
+    return {name: gr.update(interactive=interactive) for name in FORM}
 
 
 def hidden_update():

@@ -26,13 +26,15 @@ from medgemma_xray.web.page_style import page_style
 from medgemma_xray.web.page_wiring import PageEvents
 from medgemma_xray.web.teaching_context import (
     FORM,
-    FORM_DEFAULTS,
     PREVIEW_SIZE,
     TeachingPage,
     ViewFiles,
     current_round,
     hidden_update,
     logger,
+    question_controls,
+    questions_locked,
+    read_form,
     session_of,
 )
 from medgemma_xray.web.teaching_view import VIEW_OUT, view_outputs
@@ -100,7 +102,7 @@ EVENTS = PageEvents()
 # --- cases ---------------------------------------------------------------------------------------------------------
 OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
 SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
-         "recommendation", "report_md", "report_sr", *FORM]  # fmt: skip
+         "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -158,7 +160,8 @@ def show_case(page: TeachingPage, values: dict) -> dict:
         "recommendation": "",
         "report_md": hidden_update(),
         "report_sr": hidden_update(),
-        **FORM_DEFAULTS,  # a new case starts a fresh read
+        **read_form(interactive=True, reset=True),  # a new case starts a fresh read
+        **question_controls(questions_locked(page, bool(values.get("quiz", True)), round_)),
     }
 
 
@@ -187,7 +190,7 @@ def open_case(page: TeachingPage, values: dict) -> dict:
     return _opened(page, session, library_round(case, film, display))
 
 
-@EVENTS.on(["open_case.success"], inputs=["session"], outputs=SHOWN)
+@EVENTS.on(["open_case.success"], inputs=["quiz", "session"], outputs=SHOWN)
 def show_opened_case(page: TeachingPage, values: dict) -> dict:
     return show_case(page, values)
 
@@ -200,7 +203,7 @@ def next_case(page: TeachingPage, values: dict) -> dict:
     return open_case(page, {**values, "case_list": case_id})
 
 
-@EVENTS.on(["next_case.success"], inputs=["session"], outputs=["case_list", *SHOWN])
+@EVENTS.on(["next_case.success"], inputs=["quiz", "session"], outputs=["case_list", *SHOWN])
 def show_next_case(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
@@ -243,7 +246,7 @@ def upload_film(page: TeachingPage, values: dict) -> dict:
     return _opened(page, session, round_, forbidden)
 
 
-@EVENTS.on(["upload_film.success"], inputs=["session"], outputs=SHOWN)
+@EVENTS.on(["upload_film.success"], inputs=["quiz", "session"], outputs=SHOWN)
 def show_uploaded_case(page: TeachingPage, values: dict) -> dict:
     return show_case(page, values)
 
@@ -265,14 +268,26 @@ def upload_key(page: TeachingPage, values: dict) -> dict:
     return {"case_info": _case_markdown(keyed), "session": session}
 
 
-@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=SHORTCUT_JS,
+@EVENTS.on(["quiz.change"], inputs=["quiz", "session"], outputs=["question", "ask_button"])
+def quiz_changed(page: TeachingPage, values: dict) -> dict:
+    """Quiz on: the questions lock until the case is revealed; off: they open (what is asked is recorded)."""
+    return question_controls(questions_locked(page, bool(values["quiz"]), session_of(values).value.current))
+
+
+@EVENTS.on(["route.load"], outputs=["case_list", "library_note", "round_day"], js=SHORTCUT_JS,
            api_name="teaching_cases")  # fmt: skip
 def list_cases(page: TeachingPage, values: dict) -> dict:
+    import datetime
+
     import gradio as gr
 
     library = page.library()
     lines = [f"{len(library.cases)} cases in the library."] + [f"⚠️ {p}" for p in library.problems]
-    return {"case_list": gr.update(choices=library.choices()), "library_note": "\n\n".join(lines)}
+    return {
+        "case_list": gr.update(choices=library.choices()),
+        "library_note": "\n\n".join(lines),
+        "round_day": f"**Round of {datetime.date.today().isoformat()}**",
+    }
 
 
 EVENTS.js("projector_layout", ["projector.click"], PROJECTOR_JS)
@@ -311,6 +326,14 @@ def add_teaching_page(
             ui["next_button"] = gr.Button("Next case", elem_id="teach-next", scale=1)
             ui["quiz"] = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             ui["projector"] = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
+        with gr.Row(elem_classes="teach-engineering"):
+            ui["student_name"] = gr.Textbox(
+                label="Student (optional: shown here and in your exports, never sent to the logs)",
+                max_length=80,
+                elem_id="teach-student",
+                scale=3,
+            )
+            ui["round_day"] = gr.Markdown(elem_id="teach-day")
         ui["library_note"] = gr.Markdown(elem_id="teach-library", elem_classes="teach-engineering")
         ui["order_note"] = gr.Markdown(elem_id="teach-order", elem_classes="teach-engineering")
         with gr.Row(elem_classes="teach-engineering"):
@@ -439,4 +462,5 @@ def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
         choice("read_rotated", FINDING_CHOICES["yes_no"], "rotated")
         choice("read_inspiration", FINDING_CHOICES["inspiration"], "inspiration")
         choice("read_exposure", FINDING_CHOICES["exposure"], "exposure")
+    box("read_rest_absent", "Every finding I did not tick is absent (else unticked findings are not assessed)")
     ui["read_notes"] = gr.Textbox(label="Free text", lines=2, elem_id="read-notes")
