@@ -48,16 +48,21 @@ FORM = list(FORM_DEFAULTS)
 class ViewFiles:
     """The viewer's pictures as fast PNGs (zlib level 1: a textured film at Gradio's default level costs several
     times the render itself). Gradio copies each returned file into its own cache, so a file here is needed only
-    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server."""
+    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server.
+
+    Views are cached by what they show (the film's content key and the view state: window, level, zoom, focus,
+    marks): going back to a preset or a window already seen costs no render and no encoding. The cache holds
+    names, not pictures; a file older than KEEP_S is re-rendered."""
 
     KEEP_S = 60.0
+    CACHED = 64
 
     def __init__(self, parent: Path) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="teaching-views-", dir=parent))
+        self._cache: dict[object, Path] = {}
+        self._lock = threading.Lock()
 
-    def write(self, picture) -> str:
-        from PIL import Image
-
+    def _sweep(self) -> None:
         cutoff = time.time() - self.KEEP_S
         for old in self.folder.glob("*.png"):
             try:
@@ -65,9 +70,31 @@ class ViewFiles:
                     old.unlink()
             except FileNotFoundError:
                 pass  # another request removed it first
+
+    def write(self, picture) -> str:
+        from PIL import Image
+
+        self._sweep()
         path = self.folder / f"view-{uuid.uuid4().hex}.png"
         Image.fromarray(picture).save(path, format="PNG", compress_level=1)
         return str(path)
+
+    def cached(self, key: object, render) -> str:
+        """The view for key: a recent file when one shows exactly this, else render() written as a new one."""
+        with self._lock:
+            path = self._cache.get(key)
+        if path is not None:
+            try:
+                if path.stat().st_mtime >= time.time() - self.KEEP_S / 2:  # kept well clear of the sweep
+                    return str(path)
+            except FileNotFoundError:
+                pass
+        written = Path(self.write(render()))
+        with self._lock:
+            self._cache[key] = written
+            while len(self._cache) > self.CACHED:
+                self._cache.pop(next(iter(self._cache)))
+        return str(written)
 
 
 @dataclass
