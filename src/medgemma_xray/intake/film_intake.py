@@ -18,12 +18,13 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from medgemma_xray.film_check import FilmVerdict, check_film, load_reference
+from medgemma_xray.film_check import FilmVerdict, load_reference
 from medgemma_xray.film_check.check import REFERENCE_PATH, Reference
+from medgemma_xray.film_check.framing import framed_film
 from medgemma_xray.inference_api.shared_caches import image_content_hash
 from medgemma_xray.intake.cache import SharedCache
 from medgemma_xray.intake.errors import FilmTooLarge, NotAChestFilm, NotAnImage, refusal_for
@@ -261,11 +262,19 @@ class FilmIntake:
             except ImageInputError as exc:
                 logger.warning("refused a film: %s", type(exc).__name__)
                 raise refusal_for(exc) from exc
-            verdict = check_film(radiograph.pixels, self._reference) if self._reference is not None else None
+            verdict, found = None, None
+            if self._reference is not None:
+                found = framed_film(radiograph.pixels, self._reference)  # borders, markers, inversion
+                verdict = found.verdict
+                if found.inverted and config.film_check == "refuse":
+                    logger.warning("refused a film: NotAChestFilm (inverted)")
+                    raise NotAChestFilm(found.warnings[0])
+                if found.pixels is not radiograph.pixels:
+                    radiograph = replace(radiograph, pixels=found.pixels)
             images = case_images(radiograph)
             del radiograph  # the full film goes before the slot is given back
-        warnings = images.preview.warnings
-        if verdict is not None and not verdict.plausible:
+        warnings = images.preview.warnings + (found.warnings if found is not None else ())
+        if verdict is not None and not verdict.plausible and not (found is not None and found.inverted):
             if config.film_check == "refuse":
                 logger.warning("refused a film: NotAChestFilm")
                 raise NotAChestFilm(verdict.refusal())
