@@ -175,3 +175,17 @@ def test_the_ctr_calliper_divides_the_heart_by_the_thorax():
     assert measurement_text(film, state) == "CTR calliper: cardiothoracic ratio 0.40 (heart 6.0 cm, thorax 15.0 cm)."
     state = click(film, state, *crop.to_view(300, 10))  # a fifth click starts over
     assert len(state.points) == 1
+
+
+def test_a_4300_by_3500_film_renders_every_view():
+    """The overview's sides round apart (1080 x 879 for 4300 x 3500): a whole-film view must not ask Pillow for a
+    box past the overview's edge (it raised "box can't exceed original image size")."""
+    from medgemma_xray.xray_io.values import FilmValues
+
+    values = np.tile(np.linspace(0, 4095, 3500, dtype=np.float32), (4300, 1))
+    film = display_film(FilmValues(values, (2048, 4096), None, 12), "synthetic", "key")
+    assert film.overview.shape == (1080, 879)
+    state = ViewState.initial(film)
+    for view in (state, state.zoomed(2), state.zoomed(8), click(film, state, 300, 300)):
+        picture = render_view(film, view, full=values)[0]
+        assert picture.shape[:2] == (720, 586) and picture.std() > 1

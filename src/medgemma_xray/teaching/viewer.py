@@ -214,10 +214,17 @@ def render_view(
     from PIL import Image, ImageDraw
 
     crop = view_crop(film.shape, state, view_max)
-    source, scale = film.overview, film.scale
+    source = film.overview
     if full is not None and full.shape == film.shape and needs_full(film, state, view_max):
-        source, scale = full, 1.0
-    box = (crop.left * scale, crop.top * scale, (crop.left + crop.width) * scale, (crop.top + crop.height) * scale)
+        source = full
+    # Each axis at its own scale (the overview's sides are rounded apart), and never past the source's edge.
+    row_scale, col_scale = source.shape[0] / film.shape[0], source.shape[1] / film.shape[1]
+    box = (
+        crop.left * col_scale,
+        crop.top * row_scale,
+        min((crop.left + crop.width) * col_scale, source.shape[1]),
+        min((crop.top + crop.height) * row_scale, source.shape[0]),
+    )
     resampled = Image.fromarray(source, mode="F").resize(
         (crop.out_cols, crop.out_rows), Image.Resampling.BILINEAR, box=box
     )
