@@ -106,6 +106,7 @@ def through_api(repeats: int) -> dict:
                 except OSError:
                     time.sleep(0.5)
             client = Client(url, verbose=False)
+            client.predict(api_name="/teaching_cases")  # the session's library list, as the page's load gives it
             client.predict("big", api_name="/teaching_open_case")
             results = {}
             for name, endpoint in (

@@ -259,6 +259,7 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
 
     for name in names:
         assert re.match(DATED_NAME, name) and name.startswith(today), name
+    assert STUDENT not in teaching_server.log_text, "the student's name reached the server's log"
     rows = list(csv.DictReader(io.StringIO(csv_text)))
     assert [(r["title"], r["student_score"].split(" (")[0], r["model_score"].split(" (")[0]) for r in rows] == [
         (title, student.split(" (")[0], model) for title, student, model in expected
