@@ -4,8 +4,8 @@
 In process: medgemma_xray.teaching.viewer.render_view plus the PNG encoding web.teaching_page does (zlib level 1), per action, on
 12-bit DICOM phantoms at 2500 x 2048 (a 40 cm film at 0.16 mm) and 4300 x 3500 (43 cm at 0.1 mm). Through the
 API: a real server (python app.py, the demo model) with a one-case library holding the 4300 x 3500 film,
-driven with gradio_client: the time from the call to the new picture's URL (the browser's fetch of the PNG
-is not included). Prints a table of medians and 90th percentiles in milliseconds.
+driven with gradio_client: the time from the call until the client holds the new picture (gradio_client fetches
+the PNG before it returns). Prints a table of medians and 90th percentiles in milliseconds.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def through_api(repeats: int) -> dict:
                 except OSError:
                     time.sleep(0.5)
             client = Client(url, verbose=False)
+            client.predict(api_name="/teaching_cases")  # the session's library list, as the page's load gives it
             client.predict("big", api_name="/teaching_open_case")
             results = {}
             for name, endpoint in (
@@ -117,6 +118,18 @@ def through_api(repeats: int) -> dict:
                 for _ in range(repeats):
                     started = time.perf_counter()
                     client.predict(api_name=endpoint)
+                    samples.append((time.perf_counter() - started) * 1000)
+                results[f"4300x3500 via API {name}"] = _summary(samples)
+            client.predict(api_name="/teaching_reset")
+            # A drag's release or a typed window: a new level each time (no cached view), then windows seen before.
+            for name, levels in (
+                ("new window (a drag's release)", range(repeats)),
+                ("a window seen before", [0] * repeats),
+            ):
+                samples = []
+                for step in levels:
+                    started = time.perf_counter()
+                    client.predict(1500.0 + 10 * step, 2000.0, api_name="/teaching_window")
                     samples.append((time.perf_counter() - started) * 1000)
                 results[f"4300x3500 via API {name}"] = _summary(samples)
             return results

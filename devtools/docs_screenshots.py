@@ -91,6 +91,8 @@ def _teaching_page(browser, url: str, output: Path) -> None:
     page.click("#teach-open")
     page.wait_for_selector("#teach-measure :text('Ruler')", timeout=120_000)
     answered = _requests_answered(page, url)
+    page.uncheck("#teach-quiz input")  # quiz mode locks the questions until the reveal: a discussion round instead
+    page.wait_for_function("() => !document.querySelector('#teach-ask').disabled", timeout=60_000)
     page.fill("#teach-question textarea", TEACHING_QUESTION)
     page.click("#teach-ask")
     page.wait_for_function(

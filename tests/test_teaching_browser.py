@@ -5,6 +5,10 @@ server with the demo model and a starter case library of labelled phantoms:
   then the session export (CSV rows and the PDF page rendered to PNG with pdftoppm) shows the three cases;
 - window/level presets change the displayed pixels (buttons and keyboard shortcuts);
 - the ruler reads a known distance on a phantom with known pixel spacing within 2%; the CTR calliper too;
+- the viewer's OHIF habits: the Bone preset readable on the phantoms (mean grey 60-200), a right-button drag
+  windows the film (live values, then new pixels), Enter applies a typed window, the pixel probe reads a known
+  pixel's stored value, every tool has a key listed in the help (?), and the projector layout shows the whole film
+  and the chat alone at 1920 x 1080;
 - Stop cancels a running answer and frees its slot: with one decode slot, the next question starts while the
   stopped answer would still have been running (nothing has completed yet).
 """
@@ -22,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from medgemma_xray.phantoms.findings import FINDINGS
+from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, quantize
 from medgemma_xray.teaching.library import load_library, write_starter_set
 from medgemma_xray.teaching.model_read import model_read
 from medgemma_xray.teaching.scoring import read_from_labels, score_read
+from medgemma_xray.web.teaching_keys import KEYS
 from tests.conftest import ARTIFACTS, start_server
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -99,6 +104,8 @@ def _fill_read(page, read: dict) -> None:
     for name, elem_id in CHECKBOXES.items():
         if read.get(name):
             page.check(f"#{elem_id} input")
+    if any(read.get(name) is False for name in CHECKBOXES):  # an unticked finding is absent only when said so
+        page.check("#read-rest-absent input")
     for name, elem_id in CHOICES.items():
         value = read.get(name)
         if value is not None:
@@ -165,15 +172,31 @@ def _report_text(page) -> str:
     return page.inner_text("#teach-reveal-box pre").strip()
 
 
+STUDENT = "Ana Lopez"
+DATED_NAME = r"^\d{4}-\d{2}-\d{2}_teaching-session-[0-9a-f]{4}_3-cases\.(csv|pdf)$"
+
+
+def _disabled(page, selector: str) -> bool:
+    return page.locator(selector).is_disabled()
+
+
 def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, tmp_path):
+    """Guess first: the questions are locked until Reveal and the read after it; the student is scored on the
+    fields answered ("not assessed" for the rest); the exports are dated, named by the round, and carry the
+    student's name and the date."""
+    import datetime
+
     playwright_api = pytest.importorskip("playwright.sync_api")
     library = load_library(library_folder)
     by_title = {case.title: case for case in library.cases}
     ARTIFACTS.mkdir(exist_ok=True)
     expected = []
+    today = datetime.date.today().isoformat()
     with playwright_api.sync_playwright() as playwright:
         browser = _browser(playwright)
         page = _open_page(browser, teaching_server.url)
+        page.fill("#teach-student textarea, #teach-student input", STUDENT)
+        assert today in page.inner_text("#teach-day")
         page.click("#teach-shuffle")
         page.wait_for_selector("#teach-order :text('Quiz order:')", timeout=60_000)
         order = page.inner_text("#teach-order").split("Quiz order:", 1)[1].strip().split(", ")
@@ -190,21 +213,36 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
                 read = read_from_labels(key)
                 read["cardiothoracic_ratio"] = round(key.heart.cardiothoracic_ratio + 0.15, 2)
                 read["technique.rotated"] = not key.technique.rotated
-            else:  # nothing entered: every finding called absent, the ratio and technique not stated
-                read = {f"present.{finding}": False for finding in FINDINGS}
+            else:  # nothing entered: every field not assessed, nothing scored
+                read = {}
+            # Before the reveal the Questions panel is locked in quiz mode (typing is refused too).
+            page.wait_for_function("() => document.querySelector('#teach-ask').disabled")
+            assert _disabled(page, "#teach-question textarea")
+            assert "press Reveal first" in page.get_attribute("#teach-question textarea", "placeholder")
+            assert not _disabled(page, "#read-effusion input")
             _fill_read(page, read)
             page.click("#teach-reveal")
             page.wait_for_selector("#teach-model-score :text('Model score')", timeout=180_000)
-            student = score_read(read, key)
+            student = score_read(read, key, answered_only=True)
             model = score_read(model_read(_report_text(page)), key)
             expected.append((title, student.summary(), model.summary()))
             assert f"Student score: {student.summary()}" in page.inner_text("#teach-student-score")
+            assert STUDENT in page.inner_text("#teach-student-score") and today in page.inner_text(
+                "#teach-student-score"
+            )
             assert f"Model score: {model.summary()}" in page.inner_text("#teach-model-score")
+            # After the reveal the read is locked and the questions open.
+            page.wait_for_function("() => document.querySelector('#read-effusion input').disabled", timeout=60_000)
+            assert _disabled(page, "#read-notes textarea") and _disabled(page, "#read-ctr input")
+            page.wait_for_function("() => !document.querySelector('#teach-ask').disabled", timeout=60_000)
             if index == 0:
-                assert student.right == student.total
+                assert student.right == student.total and student.not_assessed == 0
             if index == 1:
                 assert student.total - student.right == 2
                 assert not student.mark("cardiothoracic_ratio").right and not student.mark("technique.rotated").right
+            if index == 2:  # an empty read scores nothing, and says so field by field
+                assert student.total == 0 and "nothing answered" in page.inner_text("#teach-student-score")
+                assert page.inner_text("#teach-reveal-box").count("not assessed") == student.not_assessed
             page.screenshot(path=str(ARTIFACTS / f"teaching_quiz_case{index + 1}.png"), full_page=True)
 
         page.click("#teach-export")
@@ -216,10 +254,18 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
         csv_text = Path(csv_download.value.path()).read_text(encoding="utf-8")
         pdf_path = tmp_path / "session.pdf"
         shutil.copy(pdf_download.value.path(), pdf_path)
+        names = (csv_download.value.suggested_filename, pdf_download.value.suggested_filename)
         browser.close()
 
+    for name in names:
+        assert re.match(DATED_NAME, name) and name.startswith(today), name
+    assert STUDENT not in teaching_server.log_text, "the student's name reached the server's log"
     rows = list(csv.DictReader(io.StringIO(csv_text)))
-    assert [(r["title"], r["student_score"].split()[0], r["model_score"].split()[0]) for r in rows] == expected
+    assert [(r["title"], r["student_score"].split(" (")[0], r["model_score"].split(" (")[0]) for r in rows] == [
+        (title, student.split(" (")[0], model) for title, student, model in expected
+    ]
+    assert {(r["student"], r["date"]) for r in rows} == {(STUDENT, today)}
+    assert all(r["cardiothoracic ratio (key)"] for r in rows) and rows[2]["rotated (student)"] == "not assessed"
     rendered = ARTIFACTS / "teaching_session_handout"
     subprocess.run(["pdftoppm", "-png", "-r", "60", "-f", "1", "-l", "1", str(pdf_path), str(rendered)], check=True)
     page_png = next(ARTIFACTS.glob("teaching_session_handout*.png"))
@@ -228,6 +274,7 @@ def test_quiz_round_on_three_cases_then_export(teaching_server, library_folder, 
     pixels = np.asarray(Image.open(page_png).convert("L"))
     assert (pixels < 128).mean() > 0.01, "the handout's first page rendered blank"
     pdf_text = subprocess.run(["pdftotext", str(pdf_path), "-"], check=True, capture_output=True, text=True).stdout
+    assert f"Student: {STUDENT}" in pdf_text and today in pdf_text
     for title, student_score, model_score in expected:
         assert title in pdf_text and f"Student {student_score}" in pdf_text and f"Model {model_score}" in pdf_text
     for exported in (csv_text, pdf_text):
@@ -255,7 +302,7 @@ def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
             views[name] = _view_pixels(page)
         page.screenshot(path=str(ARTIFACTS / "teaching_viewer_mediastinum.png"), full_page=True)
         before = page.get_attribute("#teach-view img", "src")
-        page.click("h1")  # focus off any input: the shortcuts ignore typing
+        page.click("#teach-header")  # focus off any input: the keys ignore typing
         page.keyboard.press("1")
         _wait_new_view(page, before)
         views["key 1"] = _view_pixels(page)
@@ -283,7 +330,7 @@ def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
 
         # The projector layout (key P): the read form and the engineering rows fold away, the film grows.
         width_before = page.locator("#teach-view-col").bounding_box()["width"]
-        page.click("h1")
+        page.click("#teach-header")
         page.keyboard.press("p")
         page.wait_for_selector(".teach-form", state="hidden", timeout=30_000)
         projector_width = page.locator("#teach-view-col").bounding_box()["width"]
@@ -301,6 +348,153 @@ def test_viewer_presets_ruler_and_calliper(teaching_server, library_folder):
     assert projector_width > 1.15 * width_before, (width_before, projector_width)
     ratio = float(re.search(r"cardiothoracic ratio ([\d.]+)", calliper).group(1))
     assert abs(ratio - 120 / 300) <= 0.02 * 0.4, calliper
+
+
+KNOWN = (300, 200, 1234)  # row, column and stored value of a 9 x 9 block in the uploaded film
+
+
+@pytest.fixture(scope="module")
+def browser():  # one Chromium for the viewer's tests
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as playwright:
+        launched = _browser(playwright)
+        yield launched
+        launched.close()
+
+
+def _level_width(page) -> tuple[float, float]:
+    return float(page.input_value("#teach-level input")), float(page.input_value("#teach-width input"))
+
+
+def _press(page, key: str) -> None:
+    page.click("#teach-header")  # focus off any input: the keys ignore typing
+    page.keyboard.press(key)
+
+
+def test_the_bone_preset_is_readable_on_the_phantoms(browser, teaching_server, library_folder):
+    cases = load_library(library_folder).cases
+    page = _open_page(browser, teaching_server.url)
+    means = {}
+    for case in (
+        next(c for c in cases if c.film_path.suffix == ".dcm"),
+        next(c for c in cases if c.film_path.suffix == ".png"),
+    ):
+        _open_case(page, case.title)
+        before = page.get_attribute("#teach-view img", "src")
+        _press(page, "3")
+        _wait_new_view(page, before)
+        means[case.title] = float(_view_pixels(page).mean())
+    page.screenshot(path=str(ARTIFACTS / "teaching_viewer_bone.png"))
+    page.close()
+    assert all(60 <= mean <= 200 for mean in means.values()), means
+
+
+def test_a_right_drag_windows_the_film_and_enter_applies_a_typed_window(browser, teaching_server, library_folder):
+    case = next(c for c in load_library(library_folder).cases if c.film_path.suffix == ".dcm")
+    page = _open_page(browser, teaching_server.url)
+    _open_case(page, case.title)
+    start_values, start_pixels = _level_width(page), _view_pixels(page)
+    page.locator("#teach-view img").scroll_into_view_if_needed()
+    box = page.locator("#teach-view img").bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    before = page.get_attribute("#teach-view img", "src")
+    page.mouse.move(x, y)
+    page.mouse.down(button="right")
+    page.mouse.move(x + box["width"] * 0.2, y + box["height"] * 0.1, steps=5)
+    live = page.inner_text("#teach-wl-live")  # shown while the button is held
+    held_values = _level_width(page)
+    page.mouse.up(button="right")
+    _wait_new_view(page, before)
+    page.wait_for_function("() => getComputedStyle(document.getElementById('teach-wl-live')).display === 'none'")
+    dragged_values, dragged_pixels = _level_width(page), _view_pixels(page)
+    assert re.fullmatch(r"W [\d.]+\s+L [\d.]+", live), live
+    assert held_values != start_values and dragged_values[1] > start_values[1] * 1.2, (start_values, dragged_values)
+    assert abs(dragged_values[0] - held_values[0]) < 1 and abs(dragged_values[1] - held_values[1]) < 1
+    assert np.abs(dragged_pixels - start_pixels).mean() > 3, "the drag left the picture as it was"
+
+    page.fill("#teach-level input", "1000")
+    page.fill("#teach-width input", "800")
+    before = page.get_attribute("#teach-view img", "src")
+    page.press("#teach-width input", "Enter")
+    _wait_new_view(page, before)
+    typed = _view_pixels(page)
+    assert _level_width(page) == (1000.0, 800.0)
+    assert np.abs(typed - dragged_pixels).mean() > 3, "Enter did not apply the typed window"
+    page.close()
+
+
+def test_the_probe_reads_the_stored_value_of_a_known_pixel(browser, teaching_server, tmp_path):
+    row, col, value = KNOWN
+    stored = quantize(chest_phantom(seed=31), 12)
+    stored[row - 4 : row + 5, col - 4 : col + 5] = value
+    film = tmp_path / "probe-film.dcm"
+    film.write_bytes(dicom_bytes(stored, bits_stored=12, window=(2048, 4096), pixel_spacing_mm=0.5))
+    page = _open_page(browser, teaching_server.url)
+    page.set_input_files("#teach-upload input[type=file]", str(film))
+    page.wait_for_selector("#teach-case-info :text('Uploaded film')", timeout=60_000)
+    page.wait_for_selector("#teach-measure :text('Ruler')", timeout=60_000)
+    _press(page, "v")
+    page.wait_for_selector("#teach-measure :text('Probe: click')", timeout=60_000)
+    page.mouse.click(*_screen_point(page, row, col, stored.shape))
+    page.wait_for_selector("#teach-measure :text('stored value')", timeout=60_000)
+    reading = page.inner_text("#teach-measure")
+    page.screenshot(path=str(ARTIFACTS / "teaching_viewer_probe.png"))
+    page.close()
+    assert f"stored value {value}," in reading, reading
+    grey = round((value - (2048 - 4096 / 2)) * 255 / 4096 - 0.5)  # the file's window, as viewer.windowed rounds
+    shown = int(re.search(r"displayed grey (\d+)", reading).group(1))
+    assert abs(shown - grey) <= 1, reading
+
+
+def test_every_tool_has_a_key_listed_in_the_help(browser, teaching_server, library_folder):
+    page = _open_page(browser, teaching_server.url)
+    _press(page, "?")
+    page.wait_for_selector("#teach-help-box", state="visible", timeout=30_000)
+    listed = page.inner_text("#teach-help-box")
+    for _, (action, selector) in KEYS.items():
+        assert action in listed, action
+        assert page.locator(selector).count() == 1, selector  # the key clicks a control that exists
+    for control in (
+        "#teach-lung",
+        "#teach-bone",
+        "#teach-invert",
+        "#teach-zoom-in",
+        "#teach-reset",
+        "#teach-projector",
+    ):
+        assert control in {selector for _, selector in KEYS.values()}, control
+    page.keyboard.press("Escape")
+    page.wait_for_selector("#teach-help-box", state="hidden", timeout=30_000)
+    page.close()
+
+
+def test_the_projector_layout_shows_the_whole_film_and_the_chat_at_1080p(browser, teaching_server, library_folder):
+    case = load_library(library_folder).cases[0]
+    context = browser.new_context(viewport={"width": 1920, "height": 1080})
+    page = context.new_page()
+    page.goto(f"{teaching_server.url}/teaching", wait_until="load")
+    page.wait_for_selector("#teach-library :text('cases in the library')", timeout=60_000)
+    _open_case(page, case.title)
+    _press(page, "p")
+    page.wait_for_selector("#teach-header", state="hidden", timeout=30_000)
+    page.wait_for_function("() => document.body.classList.contains('projector')")
+    page.wait_for_timeout(300)  # the layout settles (no request: a class on the page)
+    film = page.evaluate(
+        """() => { const i = document.querySelector('#teach-view img'); const r = i.getBoundingClientRect();
+        const scale = Math.min(r.width / i.naturalWidth, r.height / i.naturalHeight);
+        const w = i.naturalWidth * scale, h = i.naturalHeight * scale;
+        return {top: r.top + (r.height - h) / 2, bottom: r.top + (r.height + h) / 2, height: h,
+                left: r.left + (r.width - w) / 2, right: r.left + (r.width + w) / 2}; }"""
+    )
+    chat = page.locator("#teach-chat").bounding_box()
+    page.screenshot(path=str(ARTIFACTS / "teaching_projector.png"))
+    hidden = [s for s in ("#teach-tools", "#teach-model-view", "#teach-case-info", "#teach-reveal", "#teach-top")
+              if page.locator(s).is_visible()]  # fmt: skip
+    context.close()
+    assert film["top"] >= 0 and film["bottom"] <= 1080 and film["left"] >= 0 and film["right"] <= 1920, film
+    assert film["height"] > 0.85 * 1080, film  # the film fills the height
+    assert chat is not None and chat["y"] >= 0 and chat["y"] + chat["height"] <= 1080, chat
+    assert not hidden, f"the projector layout still shows {hidden}"
 
 
 def _metric(url: str, name: str) -> float:

@@ -4,6 +4,7 @@ the session's CSV and PDF show every case; no export carries an uploaded file's 
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import shutil
 import subprocess
@@ -22,9 +23,10 @@ from medgemma_xray.teaching.model_read import model_read
 from medgemma_xray.teaching.report_context import ClinicalContext, TeachingReport
 from medgemma_xray.teaching.rounds import upload_names
 from medgemma_xray.teaching.scoring import read_from_labels, score_read
-from medgemma_xray.teaching.session_export import CaseRecord, session_csv, session_pdf
+from medgemma_xray.teaching.session_export import CaseRecord, SessionInfo, session_csv, session_pdf
 from medgemma_xray.teaching.sr import BASIC_TEXT_SR, sr_bytes
-from medgemma_xray.teaching.viewer import display_film
+from medgemma_xray.teaching.viewer import display_film, thumbnail_png
+from tests.conftest import ARTIFACTS
 
 PATIENT = {"patient_name": "Doe^Jane", "patient_id": "MRN-77123"}
 UPLOAD_NAME = "Doe_Jane_MRN-77123_chest.dcm"
@@ -101,7 +103,7 @@ def test_the_sr_is_anonymous_unless_the_operator_allows_and_the_film_has_identif
     assert str(from_png.PatientName) == "" and from_png.PatientID == ""
 
 
-def _records(count: int = 3, notes: str = "") -> list[CaseRecord]:
+def _records(count: int = 3, notes: str = "", thumbnail: bytes = b"") -> list[CaseRecord]:
     records = []
     for number in range(count):
         labels = sample_labels(number)
@@ -118,36 +120,68 @@ def _records(count: int = 3, notes: str = "") -> list[CaseRecord]:
                 key=labels,
                 questions=(("Is there a pleural effusion?", "No pleural effusion."),),
                 teaching_points=("Measure the ratio.",),
+                thumbnail=thumbnail,
             )
         )
     return records
 
 
-def test_the_session_csv_has_one_row_per_case_with_its_scores():
+def test_the_session_csv_has_one_row_per_case_and_one_column_per_field():
     records = _records()
-    rows = list(csv.DictReader(io.StringIO(session_csv(records))))
+    info = SessionInfo("Ana Lopez", datetime.date(2026, 12, 3))
+    rows = list(csv.DictReader(io.StringIO(session_csv(records, info=info))))
     assert [row["title"] for row in rows] == ["Phantom case 01", "Phantom case 02", "Phantom case 03"]
     for row, record in zip(rows, records, strict=True):
+        assert (row["date"], row["student"]) == ("2026-12-03", "Ana Lopez")
         student = score_read(record.student_read, record.key)
         model = score_read(record.model_read, record.key)
         assert row["student_score"].startswith(f"{student.total - 1}/{student.total} ")
         assert row["model_score"].startswith(f"{model.summary()} ")
-        assert "cardiothoracic ratio: key" in row["marks"] and "student 0.9 WRONG" in row["marks"]
+        assert row["cardiothoracic ratio (key)"] == f"{record.key.heart.cardiothoracic_ratio:g}"
+        assert row["cardiothoracic ratio (student)"] == "0.9 (WRONG)"
+        assert row["cardiothoracic ratio (model)"].endswith("(right)") or "WRONG" in row["cardiothoracic ratio (model)"]
+        for mark in student.marks:  # every scored field has its own three cells
+            assert row[f"{mark.label} (key)"] and row[f"{mark.label} (student)"] and row[f"{mark.label} (model)"]
+        assert "marks" not in row
         assert row["questions_and_answers"] == "Q: Is there a pleural effusion? A: No pleural effusion."
+
+
+def test_fields_left_empty_are_not_assessed_in_the_csv():
+    labels = sample_labels(0)
+    record = CaseRecord(title="Phantom case 01", student_read={"cardiothoracic_ratio": 0.9}, key=labels,
+                        model_read=model_read(structured_report(labels)))  # fmt: skip
+    row = next(csv.DictReader(io.StringIO(session_csv([record]))))
+    assert row["rotated (student)"] == "not assessed" and row["cardiothoracic ratio (student)"] == "0.9 (WRONG)"
+    assert row["student_score"].startswith("0/1 (")
 
 
 @pytest.mark.skipif(not shutil.which("pdftoppm"), reason="poppler-utils (pdftoppm) not installed: setup_env.sh --dev")
 def test_the_pdf_handout_renders_and_names_every_case(tmp_path):
+    """Every case's heading sits on the page of its marks table (KeepTogether), with the film's thumbnail; the
+    date and the student are on the first page and in every page's foot."""
+    _, _, display = _identified_film()
     pdf = tmp_path / "handout.pdf"
-    pdf.write_bytes(session_pdf(_records()))
-    subprocess.run(["pdftoppm", "-png", "-r", "50", "-f", "1", "-l", "1", str(pdf), str(tmp_path / "page")], check=True)
+    info = SessionInfo("Ana Lopez", datetime.date(2026, 12, 3))
+    pdf.write_bytes(session_pdf(_records(5, thumbnail=thumbnail_png(display)), info=info))
+    subprocess.run(["pdftoppm", "-png", "-r", "50", str(pdf), str(tmp_path / "page")], check=True)
     from PIL import Image
 
-    page = np.asarray(Image.open(next(tmp_path.glob("page*.png"))).convert("L"))
-    assert page.shape[0] > page.shape[1] and (page < 128).mean() > 0.01  # A4 portrait, with text on it
+    pages = sorted(tmp_path.glob("page*.png"))
+    first = np.asarray(Image.open(pages[0]).convert("L"))
+    assert first.shape[0] > first.shape[1] and (first < 128).mean() > 0.01  # A4 portrait, with text on it
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(pages[0], ARTIFACTS / "teaching_handout_page1.png")
     text = subprocess.run(["pdftotext", str(pdf), "-"], check=True, capture_output=True, text=True).stdout
-    for number in (1, 2, 3):
-        assert f"Case {number}: Phantom case {number:02d}" in text
+    assert "2026-12-03" in text and "Student: Ana Lopez" in text
+    page_texts = text.split("\f")
+    for number in range(1, 6):
+        heading = f"Case {number}: Phantom case {number:02d}"
+        page = next(p for p in page_texts if heading in p)
+        after = page.split(heading, 1)[1]
+        assert "Field" in after and "cardiothoracic ratio" in after, f"{heading}: its table starts on another page"
+        assert "2026-12-03" in page, "every page's foot carries the date"
+    images = subprocess.run(["pdfimages", "-list", str(pdf)], check=True, capture_output=True, text=True).stdout
+    assert len(images.strip().splitlines()) - 2 == 5, images  # one thumbnail per case
 
 
 def test_no_export_carries_a_file_name_or_a_dicom_identifier():

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from medgemma_xray.phantoms.findings import sample_labels
+from medgemma_xray.phantoms.findings import FINDINGS, sample_labels
 from medgemma_xray.teaching.keys import AnswerKeyError, key_from_json, key_from_record, validate_key
 from medgemma_xray.teaching.library import load_library, shuffled, write_starter_set
 from medgemma_xray.teaching.scoring import read_from_labels
@@ -108,3 +108,31 @@ def test_shuffle_is_a_permutation_and_repeats_with_a_seed():
     ids = [f"case-{n}" for n in range(12)]
     order = shuffled(ids, seed=7)
     assert sorted(order) == sorted(ids) and order != ids and shuffled(ids, seed=7) == order
+
+
+def test_starter_histories_fit_their_findings():
+    """Ages drawn from who has such a film (not 25, 26, 27 ... in order), each history ending with the clinical
+    question the film was taken to answer."""
+    import re
+
+    from medgemma_xray.phantoms.labelled import labelled_phantom
+    from medgemma_xray.teaching.library import STARTER_SEED, history_line
+
+    ages = []
+    for seed in range(STARTER_SEED, STARTER_SEED + 120):
+        labels = labelled_phantom(seed, 64).labels
+        history = history_line(labels, seed)
+        age = int(re.match(r"(\d+)-year-old (man|woman): ", history).group(1))
+        ages.append(age)
+        assert re.search(r"\. Clinical question: [^.]+\?$", history), history
+        if labels.pacemaker is not None or labels.heart.enlarged:
+            assert age >= 60, history
+        if labels.nodule is not None and labels.central_line is None and labels.endotracheal_tube is None:
+            assert age >= 55, history
+        only_pneumothorax = [f for f in FINDINGS if labels.present(f)] == ["pneumothorax"]
+        if only_pneumothorax:
+            assert age <= 34 and f"sudden {labels.pneumothorax.side}-sided pleuritic" in history, history
+        if labels.central_line is not None and labels.pneumothorax is not None:
+            assert "after a" in history and "central line insertion" in history and "pneumothorax?" in history
+    steps = {b - a for a, b in zip(ages, ages[1:], strict=False)}
+    assert steps != {1}, "ages step by one from case to case"

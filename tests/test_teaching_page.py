@@ -4,6 +4,9 @@ notes; the question rules and the lock per conversation hold as on the main page
 
 from __future__ import annotations
 
+import csv
+import datetime
+import io
 import re
 from pathlib import Path
 
@@ -17,8 +20,12 @@ pytestmark = pytest.mark.slow
 DATED = r"\d{4}-\d{2}-\d{2}"
 
 
+def path_of(update) -> Path:
+    return Path(update["value"] if isinstance(update, dict) else update)
+
+
 def file_name(update) -> str:
-    return Path(update["value"] if isinstance(update, dict) else update).name
+    return path_of(update).name
 
 
 def first_case(client: Client) -> tuple[str, str]:
@@ -31,16 +38,20 @@ def test_exports_are_dated_and_named_by_the_case(demo_server):
     client = Client(demo_server.url, verbose=False)
     title, case_id = first_case(client)
     client.predict(case_id, api_name="/teaching_open_case")
-    client.predict(False, *([None] * 24), api_name="/teaching_reveal")  # quiz off: the model's read alone
-    markdown, sr = client.predict("Cough.", "", "", False, api_name="/teaching_report")
+    client.predict(False, *([None] * 25), "", api_name="/teaching_reveal")  # quiz off: the model's read alone
+    markdown, sr = client.predict("Cough.", "", "", False, "Ana Lopez", api_name="/teaching_report")
     label = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     assert re.fullmatch(rf"{DATED}_teaching-report-[0-9a-f]{{4}}_{label}\.md", file_name(markdown)), markdown
     assert file_name(sr) == file_name(markdown).replace(".md", "-sr.dcm")
-    again, _ = client.predict("Cough.", "", "", False, api_name="/teaching_report")
+    report_text = path_of(markdown).read_text(encoding="utf-8")
+    assert "Ana Lopez" in report_text and str(datetime.date.today()) in report_text
+    again, _ = client.predict("Cough.", "", "", False, "", api_name="/teaching_report")
     assert file_name(again) != file_name(markdown), "two exports of one case share a name"
-    csv_file, pdf_file = client.predict(api_name="/teaching_export")
-    assert re.fullmatch(rf"{DATED}_teaching-session-[0-9a-f]{{4}}_1-cases\.csv", file_name(csv_file)), csv_file
+    csv_file, pdf_file = client.predict("Ana Lopez", api_name="/teaching_export")
+    assert re.fullmatch(rf"{DATED}_teaching-session-[0-9a-f]{{4}}_{label}\.csv", file_name(csv_file)), csv_file
     assert file_name(pdf_file) == file_name(csv_file).replace(".csv", ".pdf")
+    row = next(csv.DictReader(io.StringIO(path_of(csv_file).read_text(encoding="utf-8"))))
+    assert (row["student"], row["date"], row["title"]) == ("Ana Lopez", str(datetime.date.today()), title)
 
 
 def test_an_uploaded_films_warnings_are_in_its_notes_and_its_name_in_no_export(demo_server, tmp_path):
@@ -50,8 +61,8 @@ def test_an_uploaded_films_warnings_are_in_its_notes_and_its_name_in_no_export(d
     notes = client.predict(handle_file(str(film)), api_name="/teaching_upload_film")  # the case's notes
     assert notes.startswith("### Uploaded film 1") and "PNG 8-bit" in notes
     assert "⚠️ No DICOM header: the view position (PA) could not be checked." in notes
-    client.predict(False, *([None] * 24), api_name="/teaching_reveal")
-    markdown, _ = client.predict("", "", "", False, api_name="/teaching_report")
+    client.predict(False, *([None] * 25), "", api_name="/teaching_reveal")
+    markdown, _ = client.predict("", "", "", False, "", api_name="/teaching_report")
     assert file_name(markdown).endswith("_uploaded-film-1.md") and "Doe" not in file_name(markdown)
 
 

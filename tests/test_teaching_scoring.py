@@ -145,3 +145,16 @@ def test_the_model_read_of_free_text_a_real_model_writes():
     assert read["central_line.route"] == "right internal jugular" and read["central_line.tip"] == "right atrium"
     assert "present.pacemaker" in read and read["present.pacemaker"] is False
     assert "technique.rotated" not in model_read("Lungs: Clear lungs.")  # a region not written is not stated
+
+
+def test_a_student_is_scored_only_on_the_fields_answered():
+    """An empty read of a normal film scores nothing (not 8/12 for the absent findings it never called), and
+    every field left empty is shown as not assessed; the model's read is still scored on every field."""
+    normal = next(labels for labels in map(sample_labels, range(2000)) if not any(map(labels.present, FINDINGS)))
+    empty = score_read({}, normal, answered_only=True)
+    assert (empty.right, empty.total, empty.not_assessed) == (0, 0, len(ALWAYS_SCORED))
+    assert empty.summary() == f"nothing answered ({len(ALWAYS_SCORED)} not assessed)"
+    assert score_read({}, normal).summary() == f"0/{len(ALWAYS_SCORED)}"  # the model's rule: unstated is wrong
+    partial = score_read({"present.pleural_effusion": False, "cardiothoracic_ratio": 0.9}, normal, answered_only=True)
+    assert partial.summary() == f"1/2 ({len(ALWAYS_SCORED) - 2} not assessed)"
+    assert not partial.mark("technique.exposure").assessed and partial.mark("cardiothoracic_ratio").assessed

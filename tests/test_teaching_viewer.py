@@ -11,7 +11,7 @@ from medgemma_xray.intake import FilmIntake, IntakeConfig
 from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
 from medgemma_xray.phantoms.labelled import labelled_phantom
 from medgemma_xray.teaching.viewer import (
-    PRESETS,
+    PRESET_PERCENTILES,
     ViewState,
     click,
     display_film,
@@ -85,17 +85,43 @@ def test_a_session_keeps_an_overview_and_a_zoomed_view_reads_the_full_values():
     assert np.abs(soft.astype(int) - reference.astype(int)).mean() > 1  # the overview's: blurred
 
 
-def test_presets_are_fractions_of_the_default_window_and_change_the_pixels():
+def test_presets_are_percentile_windows_of_the_film_and_change_the_pixels():
     film = _dicom()
     state = ViewState.initial(film)
     pictures = {"file": render_view(film, state)[0].astype(int)}
-    for name, (fraction_centre, fraction_width) in PRESETS.items():
+    assert film.preset("file") == (1800, 3000)  # the file's own window (its VOI)
+    for name, (low_q, high_q) in PRESET_PERCENTILES.items():
         centre, width = film.preset(name)
-        assert (centre, width) == pytest.approx((300 + fraction_centre * 3000, fraction_width * 3000))
+        low, high = np.percentile(film.overview, [low_q, high_q])
+        assert (centre, width) == pytest.approx(((low + high) / 2, high - low))
         pictures[name] = render_view(film, state.with_window(centre, width))[0].astype(int)
         assert np.abs(pictures[name] - pictures["file"]).mean() > 5, name
     with pytest.raises(ValueError, match="unknown preset 'soft'; choose from file, lung, mediastinum, bone"):
         film.preset("soft")
+
+
+def test_the_bone_preset_is_readable_on_every_starter_phantom(tmp_path):
+    """A fixed fraction of the file's window rendered Bone almost black (mean grey 6 of 255); the film's own
+    percentiles keep it readable on every phantom of the starter set, DICOM and PNG alike."""
+    from medgemma_xray.teaching.library import write_starter_set
+
+    for path in write_starter_set(tmp_path, 8):
+        film = read_display_film(path.read_bytes())[1]
+        grey = render_view(film, ViewState.initial(film).with_window(*film.preset("bone")))[0]
+        assert 60 <= grey.mean() <= 200, (path.suffix, grey.mean())
+
+
+def test_the_probe_reads_the_stored_value_and_the_grey_it_is_shown_as():
+    stored = quantize(FILM, 12)
+    stored[100:105, 200:205] = 1234
+    values, film = read_display_film(dicom_bytes(stored, bits_stored=12, window=(1800, 3000)), overview_max=256)
+    state = ViewState.initial(film).with_tool("probe")
+    crop = view_crop(film.shape, state)
+    x, y = crop.to_view(102, 202)
+    probed = click(film, state, x, y)
+    text = measurement_text(film, probed, values.values)
+    assert "stored value 1234," in text and f"displayed grey {windowed(np.float32([1234]), 1800, 3000)[0]} " in text
+    assert "(from the kept overview)" in measurement_text(film, probed)  # without the full values it says so
 
 
 def test_window_level_and_invert_map_values_linearly():
@@ -149,3 +175,17 @@ def test_the_ctr_calliper_divides_the_heart_by_the_thorax():
     assert measurement_text(film, state) == "CTR calliper: cardiothoracic ratio 0.40 (heart 6.0 cm, thorax 15.0 cm)."
     state = click(film, state, *crop.to_view(300, 10))  # a fifth click starts over
     assert len(state.points) == 1
+
+
+def test_a_4300_by_3500_film_renders_every_view():
+    """The overview's sides round apart (1080 x 879 for 4300 x 3500): a whole-film view must not ask Pillow for a
+    box past the overview's edge (it raised "box can't exceed original image size")."""
+    from medgemma_xray.xray_io.values import FilmValues
+
+    values = np.tile(np.linspace(0, 4095, 3500, dtype=np.float32), (4300, 1))
+    film = display_film(FilmValues(values, (2048, 4096), None, 12), "synthetic", "key")
+    assert film.overview.shape == (1080, 879)
+    state = ViewState.initial(film)
+    for view in (state, state.zoomed(2), state.zoomed(8), click(film, state, 300, 300)):
+        picture = render_view(film, view, full=values)[0]
+        assert picture.shape[:2] == (720, 586) and picture.std() > 1

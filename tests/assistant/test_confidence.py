@@ -95,18 +95,39 @@ def test_answer_details_show_tokens_latency_speed_and_confidence():
         token_texts=["No", " effusion", " `x`", "."],
     )
     text = answer_details_markdown(stats, explain=False)
-    assert text.startswith("**4 tokens** · 2.00 s (first token 0.10 s) · 2.0 tokens/s · stopped at the token limit")
     expected = 0.9**0.75 * 0.1**0.25
-    assert f"confidence **{expected:.0%}**, lowest 10%" in text
+    assert text.startswith(f"confidence **{expected:.0%}**, lowest 10%")  # what a reader needs comes first
+    assert "cut off at the token limit · 2.00 s (first token 0.10 s) · 2.0 tokens/s · 4 tokens · prompt" in text
     assert "least sure at `No effusion 'x'.`" in text  # the whole 4-token answer is the 5-token window
     folded = answer_details_markdown(stats)
     assert CONFIDENCE_EXPLANATION in folded and "not the probability that the answer is" in CONFIDENCE_EXPLANATION
     # One line shows (the summary); the figures and the explanation open on click.
-    assert folded.startswith(f'<details class="answer-details"><summary>4 tokens · 2.00 s · confidence {expected:.0%}')
+    assert folded.startswith(
+        f'<details class="answer-details"><summary>confidence {expected:.0%} · cut off at the token limit · 2.00 s · '
+        "4 tokens</summary>"
+    )
     assert text in folded and folded.endswith("</details>")
     assert answer_details_markdown(GenerationStats(), explain=False) == (
-        "**0 tokens** · confidence: no tokens · prompt 0 tokens, 0 reused from this conversation's cache"
+        "confidence: no tokens · 0 tokens · prompt 0 tokens, 0 reused from this conversation's cache"
     )
+
+
+def test_an_answer_to_a_question_off_the_film_shows_no_percentage_but_the_reason():
+    from medgemma_xray.assistant.question_scope import NOT_ABOUT_THE_FILM, confidence_withheld
+
+    stats = GenerationStats(
+        new_tokens=2, total_s=1.0, finish_reason="stop", token_ids=[5, 6],
+        token_logprobs=[LOG(0.99), LOG(0.98)], token_texts=["Paris", "."],
+    )  # fmt: skip
+    reason = confidence_withheld("What is the capital of France?")
+    assert reason == NOT_ABOUT_THE_FILM
+    folded = answer_details_markdown(stats, withheld=reason)
+    assert "%" not in folded.split("<small>", 1)[0], folded  # no figure anywhere above the explanation
+    assert folded.startswith(f'<details class="answer-details"><summary>no confidence: {NOT_ABOUT_THE_FILM} · ')
+    assert "patient's age" in confidence_withheld("How old is the patient?")
+    assert confidence_withheld("Is there a pleural effusion?") is None
+    assert answer_metadata(stats, reason)["confidence_withheld"] == reason
+    assert answer_metadata(stats, reason)["confidence"] is not None  # the model's own figure stays in the JSON
 
 
 def test_answer_metadata_is_numbers():

@@ -98,3 +98,18 @@ def test_download_files_are_private_and_removable(tmp_path):
     remove_report_files(files)
     remove_report_files(files)  # idempotent
     assert not files.folder.exists() and second.json_path.exists()
+
+
+def test_the_report_reads_as_a_report_first_and_folds_the_engineering_figures():
+    """View, technique, findings and impression lead; report_id, executor, tokens and seconds sit in a folded
+    details block after them (and stay in the JSON)."""
+    metadata = {"report_id": "3f9a", "executor": "pytorch", "generated_tokens": 11, "seconds": 0.5}
+    report = parse_report(TEXT, Stats())
+    markdown = report_markdown(report, metadata)
+    order = [markdown.index(text) for text in ("**View:**", "## Findings", "## Impression", "<details><summary>How")]
+    assert order == sorted(order), markdown
+    head = markdown.split("## Impression", 1)[0]
+    assert not any(key in head for key in metadata), head
+    folded = markdown.split("<details><summary>How", 1)[1].split("</details>", 1)[0]
+    assert all(f"- {key}: {value}" in folded for key, value in metadata.items())
+    assert json.loads(report_json(report, metadata))["metadata"] == metadata

@@ -64,15 +64,22 @@ def _fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+def _engineering(metadata: dict) -> list[str]:
+    """The figures behind the report (its id, the model and executor, tokens, timing), folded under the report:
+    a reader reads the report first; the figures stay one click away here and in full in the JSON."""
+    if not metadata:
+        return []
+    lines = ["<details><summary>How this report was made (model, executor, tokens, timing)</summary>", ""]
+    lines += [f"- {key}: {value}" for key, value in metadata.items()]
+    return [*lines, "", "</details>", ""]
+
+
 def report_markdown(report: StructuredReport, metadata: dict | None = None) -> str:
-    """The report as Markdown: view and technique, findings by region, impression, confidence, the raw text."""
+    """The report as Markdown, in a report's reading order: view and technique, findings by region, impression;
+    then confidence, and folded away the engineering figures (metadata) and the model's raw text."""
     missing = "_(not stated)_"
     by_key = {f.key: f for f in REPORT_FIELDS}
     lines = ["# Chest X-ray report", "", f"> {DISCLAIMER}", ""]
-    for key, value in (metadata or {}).items():
-        lines.append(f"- {key}: {value}")
-    if metadata:
-        lines.append("")
     for key in ("view", "technique"):
         value = report.fields[key]
         lines.append(
@@ -101,6 +108,7 @@ def report_markdown(report: StructuredReport, metadata: dict | None = None) -> s
     if report.unfilled:
         labels = ", ".join(by_key[key].label for key in report.unfilled)
         lines += [f"Fields the model's text did not fill: {labels}.", ""]
+    lines += _engineering(dict(metadata or {}))
     fence = _fence(report.raw_text)
     lines += [
         "<details><summary>The model's text as written</summary>",

@@ -1,12 +1,13 @@
-"""One film's decode, as the intake runs it: the loader (xray_io, with its size and bomb checks), the film check,
-and the model's image with a small preview. The same function runs in a decode worker process (intake.decode_pool)
-or, with the deadline off, in the calling thread. What it returns is small, except the full-resolution values that a
+"""One film's decode, as the intake runs it: the loader (xray_io, with its size and bomb checks), the film check
+with the film found inside a frame, a crop or an inversion (film_check.framing), and the model's image with a small
+preview. The same function runs in a decode worker process (intake.decode_pool) or, with the deadline off, in the
+calling thread. What it returns is small, except the full-resolution values that a
 viewer asks for: the full film never leaves this function."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,11 +39,13 @@ class DecodedFilm:
     full_shape: tuple[int, int]
     verdict: FilmVerdict | None
     values: FilmValues | None
+    inverted: bool = False  # the check accepted the inverted image: flagged, never read as it is
+    framing_warnings: tuple[str, ...] = ()  # a frame cut away, a tight crop, a marker blanked, an inversion
 
 
 def decode_film(task: DecodeTask) -> DecodedFilm:
     """Raises the loader's ImageInputError subclasses, each with its message for the user."""
-    from medgemma_xray.film_check import check_film
+    from medgemma_xray.film_check.framing import framed_film
     from medgemma_xray.xray_io.loader import load_radiograph, load_radiograph_with_values
     from medgemma_xray.xray_io.preprocess import case_images
 
@@ -53,10 +56,17 @@ def decode_film(task: DecodeTask) -> DecodedFilm:
         )
     else:
         radiograph = load_radiograph(task.data, max_pixels=task.max_pixels, max_bytes=task.max_bytes)
-    verdict = check_film(radiograph.pixels, reference_at(task.reference)) if task.reference is not None else None
+    verdict, inverted, framing_warnings = None, False, ()
+    if task.reference is not None:
+        found = framed_film(radiograph.pixels, reference_at(task.reference))  # borders, markers, inversion
+        verdict, inverted, framing_warnings = found.verdict, found.inverted, tuple(found.warnings)
+        if found.pixels is not radiograph.pixels:
+            radiograph = replace(radiograph, pixels=found.pixels)
     images = case_images(radiograph)
     del radiograph
-    return DecodedFilm(images.model_image, images.preview, images.full_shape, verdict, values)
+    return DecodedFilm(
+        images.model_image, images.preview, images.full_shape, verdict, values, inverted, framing_warnings
+    )
 
 
 @functools.lru_cache(maxsize=4)

@@ -278,8 +278,11 @@ class FilmIntake:
                 logger.warning("refused a film: %s", type(exc).__name__)
                 raise refusal_for(exc) from exc
         verdict = decoded.verdict
-        warnings = decoded.preview.warnings
-        if verdict is not None and not verdict.plausible:
+        if decoded.inverted and config.film_check == "refuse":
+            logger.warning("refused a film: NotAChestFilm (inverted)")
+            raise NotAChestFilm(decoded.framing_warnings[0])
+        warnings = decoded.preview.warnings + decoded.framing_warnings
+        if verdict is not None and not verdict.plausible and not decoded.inverted:
             if config.film_check == "refuse":
                 logger.warning("refused a film: NotAChestFilm")
                 raise NotAChestFilm(verdict.refusal())

@@ -95,6 +95,7 @@ class Settings:
     # --- teaching rounds (web/teaching_page.py) ---
     case_library: Path | None = None  # folder of cases (docs/teaching_cases.md); default <log_dir>/case-library
     sr_include_identifiers: bool = False  # let users put the source film's patient/study into a DICOM SR export
+    teaching_questions_before_reveal: bool = False  # quiz mode answers questions before the reveal (guess first off)
     # --- hostile clients: sessions, connections, uploads, memory ---
     session_ttl_s: float = 1800.0  # a session's case is dropped this long after its last change (API clients
     #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)

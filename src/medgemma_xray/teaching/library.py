@@ -131,27 +131,75 @@ def load_library(folder: Path) -> Library:
 # --- the starter set -------------------------------------------------------------------------------------------
 
 
+# A story per finding, in the order one leads a history: (age range, the story, the clinical question). Ages fit
+# who has such a film: a spontaneous pneumothorax in a tall young adult, a pacemaker or cardiomegaly in old age, a
+# mass in a long-term smoker.
+HISTORIES: dict[str, tuple[tuple[int, int], str, str]] = {
+    "line_pneumothorax": ((35, 80), "desaturated an hour after a {route} central line insertion",
+                          "pneumothorax? line tip position?"),
+    "endotracheal_tube": ((30, 80), "intubated on the intensive care unit for {reason}", "ET tube position?"),
+    "central_line": ((30, 85), "{route} central line inserted for {line_use}; not yet used", "line tip position?"),
+    "pneumothorax": ((18, 34), "tall and thin; sudden {side}-sided pleuritic chest pain and breathlessness at rest",
+                     "pneumothorax?"),
+    "pneumothorax_copd": ((55, 85), "long-standing COPD; sudden {side}-sided pleuritic chest pain and breathlessness",
+                          "pneumothorax?"),
+    "pacemaker": ((70, 89), "pacemaker for complete heart block, placed last year; dizzy spells again", "lead position?"),
+    "nodule_or_mass": ((55, 80), "smoker of 40 pack-years with weight loss and haemoptysis", "mass?"),
+    "cardiomegaly": ((62, 88), "ankle swelling and breathlessness on exertion; known ischaemic heart disease",
+                     "heart failure?"),
+    "pleural_effusion": ((50, 85), "two weeks of increasing breathlessness; dull to percussion at one base",
+                         "effusion?"),
+    "consolidation": ((20, 80), "three days of fever and a productive cough; crackles on auscultation",
+                      "pneumonia?"),
+    "normal": ((20, 60), "pre-operative chest film before a hernia repair; no chest symptoms", "fit for anaesthesia?"),
+}  # fmt: skip
+
+
+def _stories(labels: PhantomLabels) -> list[str]:
+    """The history's stories for this film, the leading one first."""
+    present = [name for name in FINDINGS_ORDER if labels.present(name)]
+    if labels.central_line is not None and labels.pneumothorax is not None:  # the line's complication leads
+        present = [
+            "line_pneumothorax" if name == "central_line" else name for name in present if name != "pneumothorax"
+        ]
+    if labels.endotracheal_tube is not None and labels.central_line is not None:
+        present = [n for n in present if n != "central_line"]  # the ICU story names the line in its question
+    if "pneumothorax" in present and any(HISTORIES[n][0][0] >= 50 for n in present):
+        present = ["pneumothorax_copd" if n == "pneumothorax" else n for n in present]  # an older patient's
+    return present or ["normal"]
+
+
+FINDINGS_ORDER = (
+    "endotracheal_tube", "central_line", "pneumothorax", "pacemaker", "nodule_or_mass", "cardiomegaly",
+    "pleural_effusion", "consolidation",
+)  # fmt: skip
+
+
 def history_line(labels: PhantomLabels, seed: int) -> str:
-    """A one-line clinical history that fits the phantom's findings without naming them outright."""
-    age = 25 + seed % 60
-    reasons = []
-    if labels.central_line is not None:
-        reasons.append(f"check after a {labels.central_line.route} central line insertion")
-    if labels.endotracheal_tube is not None:
-        reasons.append("intubated on the intensive care unit; tube position")
-    if labels.pneumothorax is not None:
-        reasons.append("sudden pleuritic chest pain and breathlessness")
-    if labels.effusion is not None:
-        reasons.append("increasing breathlessness with dull bases")
-    if labels.consolidation is not None:
-        reasons.append("fever and a productive cough for three days")
-    if labels.nodule is not None:
-        reasons.append("smoker with weight loss")
-    if labels.heart.enlarged:
-        reasons.append("ankle swelling and breathlessness on exertion")
-    if labels.pacemaker is not None:
-        reasons.append("follow-up after a pacemaker insertion")
-    return f"{age}-year-old: " + ("; ".join(reasons[:2]) if reasons else "pre-operative chest film") + "."
+    """A clinical history that fits the phantom's findings without naming them outright: an age and sex drawn
+    from who has such a film, one or two stories, and the clinical question the film was taken to answer."""
+    rng = random.Random(seed)
+    stories = _stories(labels)
+    low, high = HISTORIES[stories[0]][0]
+    for name in stories[1:]:  # narrowed to an age that fits every story, where one does
+        other_low, other_high = HISTORIES[name][0]
+        if max(low, other_low) <= min(high, other_high):
+            low, high = max(low, other_low), min(high, other_high)
+    age = rng.randint(low, high)
+    sex = rng.choice(("man", "woman"))
+    reason = "pneumonia" if labels.consolidation is not None else "respiratory failure after a cardiac arrest"
+    line_use = "intravenous antibiotics" if labels.consolidation is not None else "parenteral nutrition"
+    route = labels.central_line.route if labels.central_line is not None else ""
+    side = labels.pneumothorax.side if labels.pneumothorax is not None else ""
+    texts = [
+        HISTORIES[name][1].format(route=route, reason=reason, line_use=line_use, side=side) for name in stories[:2]
+    ]
+    question = HISTORIES[stories[0]][2]
+    if "line_pneumothorax" in stories:
+        question = HISTORIES["line_pneumothorax"][2]
+    elif stories[0] == "endotracheal_tube" and labels.central_line is not None:
+        question = "ET tube and central line positions?"
+    return f"{age}-year-old {sex}: {'; '.join(texts)}. Clinical question: {question}"
 
 
 def teaching_points(labels: PhantomLabels) -> list[str]:

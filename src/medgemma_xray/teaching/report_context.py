@@ -36,6 +36,7 @@ class TeachingReport:
 
     context: ClinicalContext
     report: StructuredReport
+    byline: str = ""  # the day and, if given, the student's name: printed under the title, not in the SR
 
     def sections(self) -> list[tuple[str, str]]:
         """(label, text) in the order a report is read: indication, comparison, the model's fields, recommendation."""
@@ -46,7 +47,10 @@ class TeachingReport:
         return rows
 
     def markdown(self) -> str:
-        lines = ["# Chest X-ray report (teaching round)", "", f"> {DISCLAIMER}", ""]
+        lines = ["# Chest X-ray report (teaching round)", ""]
+        if self.byline:
+            lines += [f"_{self.byline}_", ""]
+        lines += [f"> {DISCLAIMER}", ""]
         lines += [f"**{label}:** {text}  " for label, text in self.sections()]
         return "\n".join(lines) + "\n"
 

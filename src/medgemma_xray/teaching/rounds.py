@@ -40,9 +40,12 @@ class Round:
     model_read: dict | None = None
     revealed: bool = False
     questions: tuple[tuple[str, str], ...] = ()
+    asked_before_reveal: int = 0  # questions answered while the case was not yet revealed
     conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def record(self) -> CaseRecord:
+        from medgemma_xray.teaching.viewer import thumbnail_png
+
         return CaseRecord(
             title=self.title,
             history=self.history,
@@ -53,6 +56,8 @@ class Round:
             key=self.key,
             questions=self.questions,
             teaching_points=self.teaching_points,
+            asked_before_reveal=self.asked_before_reveal,
+            thumbnail=thumbnail_png(self.display),
         )
 
 

@@ -8,6 +8,10 @@ Which fields count:
 - a finding's attributes (side, size, lobe, tip, ...) only where the key has that finding; a read that misses the
   finding gets them wrong too ("not stated"). Where the key has no such finding they are not scored.
 
+A student's read is scored on what the student answered (answered_only): a field left empty is "not assessed",
+shown as such and left out of the score, so an empty read scores nothing rather than the absent findings of a
+normal film. The model's read is scored on every field: what its report does not state is wrong.
+
 Numbers match within a stated tolerance (the attributes a model is known to get wrong: a ratio of 0.39 read
 "about 0.55", a 2.5 cm nodule read "3 cm"); categories must be equal.
 """
@@ -74,6 +78,7 @@ class FieldMark:
     key: object
     read: object
     right: bool
+    assessed: bool = True  # False: the reader left the field empty (answered_only scoring); not in the score
 
 
 @dataclass(frozen=True)
@@ -82,18 +87,25 @@ class Score:
 
     @property
     def right(self) -> int:
-        return sum(mark.right for mark in self.marks)
+        return sum(mark.right for mark in self.marks if mark.assessed)
 
     @property
     def total(self) -> int:
-        return len(self.marks)
+        return sum(mark.assessed for mark in self.marks)
+
+    @property
+    def not_assessed(self) -> int:
+        return sum(not mark.assessed for mark in self.marks)
 
     @property
     def fraction(self) -> float:
         return self.right / self.total if self.total else 0.0
 
     def summary(self) -> str:
-        return f"{self.right}/{self.total}"
+        """e.g. "7/9" or "7/9 (14 not assessed)"; "nothing answered" when every field was left empty."""
+        if not self.total:
+            return f"nothing answered ({self.not_assessed} not assessed)"
+        return f"{self.right}/{self.total}" + (f" ({self.not_assessed} not assessed)" if self.not_assessed else "")
 
     def mark(self, field: str) -> FieldMark | None:
         return next((m for m in self.marks if m.field == field), None)
@@ -114,8 +126,10 @@ def _matches(field: str, key_value: object, read_value: object) -> bool:
     return read_value == key_value
 
 
-def score_read(read: Mapping[str, object], key: PhantomLabels) -> Score:
-    """Mark every scored field of `read` against `key` (see the module docstring for which fields count)."""
+def score_read(read: Mapping[str, object], key: PhantomLabels, answered_only: bool = False) -> Score:
+    """Mark every scored field of `read` against `key` (see the module docstring for which fields count).
+    answered_only: a field the read leaves empty is marked not assessed and left out of the score (a student's
+    read); otherwise it is wrong ("not stated", the model's read)."""
     unknown = sorted(set(read) - set(READ_FIELDS))
     if unknown:
         raise ValueError(f"unknown read fields {unknown}; the fields are {', '.join(READ_FIELDS)}")
@@ -124,10 +138,19 @@ def score_read(read: Mapping[str, object], key: PhantomLabels) -> Score:
     for name, (finding, label) in READ_FIELDS.items():
         if finding is not None and not key.present(finding):
             continue  # the key has no such finding: its attributes are not scored
-        marks.append(
-            FieldMark(name, label, truth.get(name), read.get(name), _matches(name, truth.get(name), read.get(name)))
-        )
+        value = read.get(name)
+        assessed = value is not None or not answered_only
+        marks.append(FieldMark(name, label, truth.get(name), value, _matches(name, truth.get(name), value), assessed))
     return Score(tuple(marks))
+
+
+def mark_text(mark: FieldMark | None, wrong: str = "wrong") -> str:
+    """A reader's cell in a marks table: "yes (right)", "no (wrong)", "not assessed", or "-" (no read)."""
+    if mark is None:
+        return "-"
+    if not mark.assessed:
+        return "not assessed"
+    return f"{shown(mark.read)} ({'right' if mark.right else wrong})"
 
 
 def shown(value: object) -> str:

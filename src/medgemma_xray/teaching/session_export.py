@@ -11,6 +11,7 @@ against formula injection (assistant.spreadsheet), and lone surrogates become U+
 from __future__ import annotations
 
 import csv
+import datetime
 import io
 import re
 from collections.abc import Iterable
@@ -18,22 +19,22 @@ from dataclasses import dataclass, field
 
 from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
 from medgemma_xray.phantoms.findings import PhantomLabels
-from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, read_from_labels, score_read, shown
+from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, mark_text, score_read, shown
 
 REMOVED = "[removed]"
-CSV_COLUMNS = (
-    "case",
-    "title",
-    "history",
-    "student_read",
-    "student_notes",
-    "model_read",
-    "key",
-    "student_score",
-    "model_score",
-    "marks",
-    "questions_and_answers",
-)
+# The CSV: the round's facts, then for every scored field its key, the student's cell and the model's cell (one
+# column each, so a spreadsheet can sort and count them), then the free text.
+CSV_LEAD = ("date", "student", "case", "title", "history", "student_score", "model_score", "asked_before_reveal")
+CSV_TAIL = ("student_notes", "questions_and_answers")
+
+
+def field_columns() -> tuple[str, ...]:
+    """Three columns per scored field, e.g. "effusion side (key)", "... (student)", "... (model)"."""
+    return tuple(f"{label} ({who})" for _, label in READ_FIELDS.values() for who in ("key", "student", "model"))
+
+
+def csv_columns() -> tuple[str, ...]:
+    return (*CSV_LEAD, *field_columns(), *CSV_TAIL)
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,31 @@ class CaseRecord:
     key: PhantomLabels | None = None
     questions: tuple[tuple[str, str], ...] = field(default=())
     teaching_points: tuple[str, ...] = field(default=())
+    asked_before_reveal: int = 0  # questions asked before the reveal (quiz off, or a teacher allowed it)
+    thumbnail: bytes = b""  # a small PNG of the film at its own window, for the handout
 
     @property
     def student_score(self) -> Score | None:
-        return (
-            score_read(self.student_read, self.key) if self.key is not None and self.student_read is not None else None
-        )
+        """Scored on the fields the student answered; the rest are "not assessed"."""
+        if self.key is None or self.student_read is None:
+            return None
+        return score_read(self.student_read, self.key, answered_only=True)
 
     @property
     def model_score(self) -> Score | None:
         return score_read(self.model_read, self.key) if self.key is not None and self.model_read is not None else None
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """Who and when, printed on every export: the student's name as typed (optional; never logged) and the day."""
+
+    student: str = ""
+    day: datetime.date = field(default_factory=datetime.date.today)
+
+    @property
+    def student_shown(self) -> str:
+        return " ".join(self.student.split())[:80]
 
 
 def read_summary(read: dict | None) -> str:
@@ -84,25 +100,25 @@ def _scored_marks(student: Score | None, model: Score | None) -> tuple[FieldMark
     return scored.marks if scored is not None else ()
 
 
-def _marks(record: CaseRecord) -> str:
-    if record.key is None:
-        return "no key"
+def _field_cells(record: CaseRecord) -> dict[str, str]:
+    """The per-field columns of one case: empty where the key does not score the field (or there is no key)."""
+    cells = dict.fromkeys(field_columns(), "")
     student, model = record.student_score, record.model_score
-    parts = []
     for mark in _scored_marks(student, model):
-        cells = [f"key {shown(mark.key)}"]
-        s = student.mark(mark.field) if student is not None else None
-        if s is not None:
-            cells.append(f"student {shown(s.read)} {'right' if s.right else 'WRONG'}")
-        m = model.mark(mark.field) if model is not None else None
-        if m is not None:
-            cells.append(f"model {shown(m.read)} {'right' if m.right else 'WRONG'}")
-        parts.append(f"{mark.label}: " + ", ".join(cells))
-    return " | ".join(parts)
+        cells[f"{mark.label} (key)"] = shown(mark.key)
+        if student is not None:
+            cells[f"{mark.label} (student)"] = mark_text(student.mark(mark.field), "WRONG")
+        if model is not None:
+            cells[f"{mark.label} (model)"] = mark_text(model.mark(mark.field), "WRONG")
+    return cells
 
 
 def _score_text(score: Score | None) -> str:
-    return "" if score is None else f"{score.right}/{score.total} ({score.fraction:.0%})"
+    if score is None:
+        return ""
+    if not score.total:
+        return score.summary()
+    return f"{score.summary()} ({score.fraction:.0%})"
 
 
 def scrub(text: str, forbidden: Iterable[str]) -> str:
@@ -116,93 +132,125 @@ def scrub(text: str, forbidden: Iterable[str]) -> str:
     return text
 
 
-def csv_rows(records: list[CaseRecord], forbidden: Iterable[str] = ()) -> list[dict[str, str]]:
+def csv_rows(
+    records: list[CaseRecord], forbidden: Iterable[str] = (), info: SessionInfo | None = None
+) -> list[dict[str, str]]:
     forbidden = list(forbidden)
+    info = info or SessionInfo()
     rows = []
     for number, record in enumerate(records, start=1):
         row = {
+            "date": info.day.isoformat(),
+            "student": info.student_shown,
             "case": str(number),
             "title": record.title,
             "history": record.history,
-            "student_read": read_summary(record.student_read),
+            "student_score": _score_text(record.student_score) if record.key is not None else "(no key)",
+            "model_score": _score_text(record.model_score) if record.key is not None else "(no key)",
+            "asked_before_reveal": str(record.asked_before_reveal),
+            **_field_cells(record),
             "student_notes": record.student_notes,
-            "model_read": read_summary(record.model_read),
-            "key": read_summary(read_from_labels(record.key)) if record.key is not None else "(no key)",
-            "student_score": _score_text(record.student_score),
-            "model_score": _score_text(record.model_score),
-            "marks": _marks(record),
             "questions_and_answers": " || ".join(f"Q: {q} A: {a}" for q, a in record.questions),
         }
         rows.append({key: text_cell(scrub(value, forbidden)) for key, value in row.items()})
     return rows
 
 
-def session_csv(records: list[CaseRecord], forbidden: Iterable[str] = ()) -> str:
+def session_csv(records: list[CaseRecord], forbidden: Iterable[str] = (), info: SessionInfo | None = None) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS)
+    writer = csv.DictWriter(buffer, fieldnames=csv_columns())
     writer.writeheader()
-    writer.writerows(csv_rows(records, forbidden))
+    writer.writerows(csv_rows(records, forbidden, info))
     return buffer.getvalue()
 
 
-def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title: str = "Teaching round") -> bytes:
-    """A printable handout (A4): per case the history, the marks table (key, student, model), the scores, the
-    teaching points and the questions asked."""
+def _marks_table(record: CaseRecord, para, mm, colors):
+    from reportlab.platypus import Table, TableStyle
+
+    student, model = record.student_score, record.model_score
+    rows = [[para("Field"), para("Key"), para("Student"), para("Model")]]
+    for mark in _scored_marks(student, model):
+        s = student.mark(mark.field) if student else None
+        m = model.mark(mark.field) if model else None
+        rows.append([para(mark.label), para(shown(mark.key)), para(mark_text(s, "WRONG")), para(mark_text(m, "WRONG"))])
+    table = Table(rows, colWidths=[45 * mm, 35 * mm, 45 * mm, 45 * mm], repeatRows=1)
+    table.setStyle(
+        TableStyle(
+            [
+                ("FONTSIZE", (0, 0), (-1, -1), 8),
+                ("BACKGROUND", (0, 0), (-1, 0), colors.lightgrey),
+                ("GRID", (0, 0), (-1, -1), 0.25, colors.grey),
+                ("VALIGN", (0, 0), (-1, -1), "TOP"),
+            ]
+        )
+    )
+    return table
+
+
+def _case_head(record: CaseRecord, number: int, para, styles, mm):
+    """The case's heading, thumbnail, history and scores: one block that the page never splits."""
+    from reportlab.platypus import Image, Table
+
+    text = [
+        para(f"Case {number}: {record.title}", styles["Heading2"]),
+        para(f"History: {record.history or '-'}"),
+    ]
+    if record.key is None:
+        text.append(para("No answer key for this case."))
+    else:
+        scores = f"Student {_score_text(record.student_score) or '-'}; Model {_score_text(record.model_score) or '-'}"
+        text.append(para(f"Score: {scores}"))
+    if record.asked_before_reveal:
+        text.append(para(f"Asked {record.asked_before_reveal} question(s) before the reveal."))
+    if not record.thumbnail:
+        return text
+    picture = Image(io.BytesIO(record.thumbnail))
+    side = 32 * mm
+    ratio = picture.imageWidth / max(picture.imageHeight, 1)
+    picture.drawWidth, picture.drawHeight = (side, side / ratio) if ratio >= 1 else (side * ratio, side)
+    layout = Table([[picture, text]], colWidths=[36 * mm, 134 * mm])
+    layout.setStyle([("VALIGN", (0, 0), (-1, -1), "TOP"), ("LEFTPADDING", (0, 0), (0, 0), 0)])
+    return [layout]
+
+
+def session_pdf(
+    records: list[CaseRecord],
+    forbidden: Iterable[str] = (),
+    title: str = "Teaching round",
+    info: SessionInfo | None = None,
+) -> bytes:
+    """A printable handout (A4): a header with the date and the student; per case its heading, film thumbnail,
+    history and scores kept together with the marks table (key, student, model), then the teaching points and
+    the questions asked. Every page's foot repeats the date, the student and the page number."""
     from xml.sax.saxutils import escape
 
     from reportlab.lib import colors
     from reportlab.lib.pagesizes import A4
     from reportlab.lib.styles import getSampleStyleSheet
     from reportlab.lib.units import mm
-    from reportlab.platypus import Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+    from reportlab.platypus import KeepTogether, Paragraph, SimpleDocTemplate, Spacer
 
     forbidden = list(forbidden)
+    info = info or SessionInfo()
     styles = getSampleStyleSheet()
     small = styles["BodyText"].clone("small", fontSize=8, leading=10)
 
     def para(text: str, style=small) -> Paragraph:
         return Paragraph(escape(scrub(text, forbidden)), style)
 
+    who = f"Student: {info.student_shown}" if info.student_shown else "Student: (not given)"
+    byline = f"{info.day.isoformat()} · {who} · {len(records)} case(s)"
     story = [
         Paragraph(escape(title), styles["Title"]),
+        para(byline, styles["Heading4"]),
         para("For education and research only. Not a medical device, not for diagnosis.", styles["Italic"]),
         Spacer(1, 4 * mm),
     ]
     for number, record in enumerate(records, start=1):
-        story.append(para(f"Case {number}: {record.title}", styles["Heading2"]))
-        story.append(para(f"History: {record.history or '-'}"))
-        scores = [
-            f"Student {_score_text(record.student_score) or '-'}",
-            f"Model {_score_text(record.model_score) or '-'}",
-        ]
-        story.append(para("Score: " + "; ".join(scores) if record.key is not None else "No answer key for this case."))
+        block = _case_head(record, number, para, styles, mm)
         if record.key is not None:
-            header = ["Field", "Key", "Student", "Model"]
-            rows = [header]
-            student, model = record.student_score, record.model_score
-            for mark in _scored_marks(student, model):
-                s = student.mark(mark.field) if student else None
-                m = model.mark(mark.field) if model else None
-                rows.append(
-                    [
-                        para(mark.label),
-                        para(shown(mark.key)),
-                        para("-" if s is None else f"{shown(s.read)} ({'right' if s.right else 'WRONG'})"),
-                        para("-" if m is None else f"{shown(m.read)} ({'right' if m.right else 'WRONG'})"),
-                    ]
-                )
-            table = Table(rows, colWidths=[45 * mm, 35 * mm, 45 * mm, 45 * mm], repeatRows=1)
-            table.setStyle(
-                TableStyle(
-                    [
-                        ("FONTSIZE", (0, 0), (-1, -1), 8),
-                        ("BACKGROUND", (0, 0), (-1, 0), colors.lightgrey),
-                        ("GRID", (0, 0), (-1, -1), 0.25, colors.grey),
-                        ("VALIGN", (0, 0), (-1, -1), "TOP"),
-                    ]
-                )
-            )
-            story += [Spacer(1, 2 * mm), table]
+            block += [Spacer(1, 2 * mm), _marks_table(record, para, mm, colors)]
+        story.append(KeepTogether(block))
         if record.student_notes:
             story.append(para(f"Student's notes: {record.student_notes}"))
         for point in record.teaching_points:
@@ -210,6 +258,15 @@ def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title:
         for question, answer in record.questions:
             story.append(para(f"Q: {question}  A: {answer}"))
         story.append(Spacer(1, 5 * mm))
+    foot = scrub(f"{title} · {byline}", forbidden)
+
+    def footer(canvas, document) -> None:
+        canvas.saveState()
+        canvas.setFont("Helvetica", 7)
+        canvas.drawString(15 * mm, 8 * mm, foot)
+        canvas.drawRightString(A4[0] - 15 * mm, 8 * mm, f"page {document.page}")
+        canvas.restoreState()
+
     buffer = io.BytesIO()
     document = SimpleDocTemplate(
         buffer,
@@ -222,5 +279,5 @@ def session_pdf(records: list[CaseRecord], forbidden: Iterable[str] = (), title:
         author="MedGemma X-Ray assistant",
         invariant=1,
     )
-    document.build(story)
+    document.build(story, onFirstPage=footer, onLaterPages=footer)
     return buffer.getvalue()

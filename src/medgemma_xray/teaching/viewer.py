@@ -5,8 +5,10 @@ JPEG, the same pixels in the browser test as on screen, no JavaScript build. The
 intake's one decode (medgemma_xray.intake, xray_io.values: display-ordered, higher is more attenuating); a session
 keeps a small overview of them, and a zoomed view reads the full-resolution values from the intake's shared cache.
 Each view costs one resample and one lookup (benchmarks/results/teaching_viewer.md).
-Presets (lung, mediastinum, bone) are fractions of the default window: a plain film has no Hounsfield scale, so
-"lung" spreads the dark end, "bone" the bright end, on every film alike.
+Presets (lung, mediastinum, bone) are percentile windows of the film's own histogram, as OHIF derives a
+radiograph's windows from its values (a plain film has no Hounsfield scale, and a fixed fraction of the file's
+window renders one film black and another grey): "lung" spans the darkest to the upper-middle values, "mediastinum"
+the bright half, "bone" the body to the brightest 0.1 %. "file" is the file's own window (its VOI LUT).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from medgemma_xray.xray_io.values import FilmValues
 VIEW_MAX_PX = 720  # the longer side of the rendered view
 OVERVIEW_MAX_PX = 1080  # what a session keeps: 1.5 times the view, so a whole-film view is still sharp
 MAX_ZOOM = 8.0
-# (centre, width) as fractions of the default window [low, high]
-PRESETS: dict[str, tuple[float, float]] = {
-    "lung": (0.30, 0.55),
-    "mediastinum": (0.60, 0.45),
-    "bone": (0.80, 0.35),
+# (low, high) percentiles of the film's values that a preset's window spans
+PRESET_PERCENTILES: dict[str, tuple[float, float]] = {
+    "lung": (2.0, 75.0),
+    "mediastinum": (45.0, 99.0),
+    "bone": (20.0, 99.9),
 }
-TOOLS = ("ruler", "ctr", "pan")
+PRESETS = tuple(PRESET_PERCENTILES)
+TOOLS = ("ruler", "ctr", "pan", "probe")
 CTR_POINTS = ("heart: right border", "heart: left border", "thorax: right inner margin", "thorax: left inner margin")
 
 
@@ -50,6 +53,7 @@ class DisplayFilm:
     source: str
     dicom_identity: dict[str, str] = field(default_factory=dict)  # the source's patient/study (the SR only)
     key: str = ""  # the film's content key in the intake (medgemma_xray.intake.FilmIntake.values)
+    presets: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (centre, width)
 
     @property
     def scale(self) -> float:
@@ -71,12 +75,29 @@ class DisplayFilm:
     def preset(self, name: str) -> tuple[float, float]:
         if name == "file":
             return self.default_window
-        if name not in PRESETS:
+        if name not in PRESET_PERCENTILES:
             raise ValueError(f"unknown preset {name!r}; choose from file, {', '.join(PRESETS)}")
-        centre, width = self.default_window
-        low = centre - width / 2
-        fraction_centre, fraction_width = PRESETS[name]
-        return low + fraction_centre * width, fraction_width * width
+        return self.presets.get(name) or percentile_windows(self.overview)[name]
+
+    def value_at(self, row: float, col: float, full: np.ndarray | None = None) -> float:
+        """The film's value at a film pixel: from the full-resolution values when given, else the overview's."""
+        rows, cols = self.shape
+        r, c = min(max(int(round(row)), 0), rows - 1), min(max(int(round(col)), 0), cols - 1)
+        if full is not None and full.shape == self.shape:
+            return float(full[r, c])
+        o_rows, o_cols = self.overview.shape
+        return float(self.overview[min(int(r * self.scale), o_rows - 1), min(int(c * o_cols / cols), o_cols - 1)])
+
+
+def percentile_windows(values: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Each preset's (centre, width) from the values' percentiles (PRESET_PERCENTILES)."""
+    wanted = sorted({q for pair in PRESET_PERCENTILES.values() for q in pair})
+    found = dict(zip(wanted, np.percentile(values, wanted).tolist(), strict=True))
+    windows = {}
+    for name, (low_q, high_q) in PRESET_PERCENTILES.items():
+        low, high = found[low_q], found[high_q]
+        windows[name] = ((low + high) / 2, max(high - low, 1.0))
+    return windows
 
 
 def display_film(values: FilmValues, source: str, key: str = "", overview_max: int = OVERVIEW_MAX_PX) -> DisplayFilm:
@@ -101,6 +122,7 @@ def display_film(values: FilmValues, source: str, key: str = "", overview_max: i
         source=source,
         dicom_identity=dict(values.identity),
         key=key,
+        presets=percentile_windows(overview),
     )
 
 
@@ -192,10 +214,17 @@ def render_view(
     from PIL import Image, ImageDraw
 
     crop = view_crop(film.shape, state, view_max)
-    source, scale = film.overview, film.scale
+    source = film.overview
     if full is not None and full.shape == film.shape and needs_full(film, state, view_max):
-        source, scale = full, 1.0
-    box = (crop.left * scale, crop.top * scale, (crop.left + crop.width) * scale, (crop.top + crop.height) * scale)
+        source = full
+    # Each axis at its own scale (the overview's sides are rounded apart), and never past the source's edge.
+    row_scale, col_scale = source.shape[0] / film.shape[0], source.shape[1] / film.shape[1]
+    box = (
+        crop.left * col_scale,
+        crop.top * row_scale,
+        min((crop.left + crop.width) * col_scale, source.shape[1]),
+        min((crop.top + crop.height) * row_scale, source.shape[0]),
+    )
     resampled = Image.fromarray(source, mode="F").resize(
         (crop.out_cols, crop.out_rows), Image.Resampling.BILINEAR, box=box
     )
@@ -206,7 +235,7 @@ def render_view(
     if state.points:
         draw = ImageDraw.Draw(picture)
         marks = [crop.to_view(row, col) for row, col in state.points]
-        colour = (255, 200, 0) if state.tool == "ruler" else (0, 200, 255)
+        colour = {"ruler": (255, 200, 0), "probe": (255, 64, 160)}.get(state.tool, (0, 200, 255))
         for x, y in marks:
             draw.ellipse((x - 4, y - 4, x + 4, y + 4), outline=colour, width=2)
         for first, second in zip(marks[0::2], marks[1::2], strict=False):
@@ -221,9 +250,24 @@ def click(film: DisplayFilm, state: ViewState, view_x: float, view_y: float, vie
     rows, cols = film.shape
     if state.tool == "pan":
         return replace(state, focus=(min(max(row / rows, 0.0), 1.0), min(max(col / cols, 0.0), 1.0)))
+    if state.tool == "probe":
+        return replace(state, points=((min(max(row, 0.0), rows - 1.0), min(max(col, 0.0), cols - 1.0)),))
     needed = 2 if state.tool == "ruler" else len(CTR_POINTS)
     points = state.points if len(state.points) < needed else ()
     return replace(state, points=(*points, (row, col)))
+
+
+def thumbnail_png(film: DisplayFilm, longest: int = 256) -> bytes:
+    """A small PNG of the whole film at its own window (the handout's picture of each case)."""
+    import io
+
+    from PIL import Image
+
+    state = ViewState.initial(film)
+    picture, _ = render_view(film, state, view_max=longest)
+    buffer = io.BytesIO()
+    Image.fromarray(picture).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def ruler_mm(film: DisplayFilm, first: tuple[float, float], second: tuple[float, float]) -> float | None:
@@ -234,11 +278,28 @@ def ruler_mm(film: DisplayFilm, first: tuple[float, float], second: tuple[float,
     return math.hypot((second[0] - first[0]) * row_mm, (second[1] - first[1]) * col_mm)
 
 
-def measurement_text(film: DisplayFilm, state: ViewState) -> str:
-    """What the current tool has measured, in words (Markdown)."""
+def probe_text(film: DisplayFilm, state: ViewState, full: np.ndarray | None = None) -> str:
+    """The probe's reading: the stored value (after the Modality LUT, for DICOM) and the grey it is shown as."""
+    if not state.points:
+        return "Probe: click a pixel to read its value."
+    row, col = state.points[-1]
+    value = film.value_at(row, col, full)
+    shown = int(windowed(np.array([value], dtype=np.float32), state.centre, state.width, state.invert)[0])
+    source = "" if full is not None else " (from the kept overview)"
+    return (
+        f"Probe at row {int(round(row))}, column {int(round(col))}: stored value {value:g}{source}, displayed grey "
+        f"{shown} of 255 (window level {state.centre:g}, width {state.width:g})."
+    )
+
+
+def measurement_text(film: DisplayFilm, state: ViewState, full: np.ndarray | None = None) -> str:
+    """What the current tool has measured, in words (Markdown). full: the film's full-resolution values, read by
+    the probe (else it reads the overview)."""
     points = state.points
     if state.tool == "pan":
         return "Pan: click where the view should centre."
+    if state.tool == "probe":
+        return probe_text(film, state, full)
     if state.tool == "ruler":
         if len(points) < 2:
             return f"Ruler: click two points ({len(points)} of 2)."

@@ -238,6 +238,7 @@ def clear_question(page: MainPage, values: dict) -> dict:
 )
 def answer(page: MainPage, values: dict, request) -> Any:
     from medgemma_xray.assistant.answer_details import answer_details_markdown
+    from medgemma_xray.assistant.question_scope import confidence_withheld
     from medgemma_xray.inference_api.types import GenerationStats
 
     session = _session(values)
@@ -260,7 +261,7 @@ def answer(page: MainPage, values: dict, request) -> Any:
             yield {"chat": history + [{"role": "assistant", "content": text}]}
         if ticket.superseded:  # the film, case or conversation changed: this answer writes nothing more
             return
-        details = answer_details_markdown(stats)
+        details = answer_details_markdown(stats, withheld=confidence_withheld(question))
         if ticket.stopped.is_set():
             details = f"{ANSWER_STOPPED}\n\n{details}" if stats.new_tokens else ANSWER_STOPPED
         updated = case.answered(question, text, details)

@@ -40,7 +40,7 @@ FORM_DEFAULTS: dict[str, Any] = {
     "read_ett": False, "read_ett_tip": None,
     "read_line": False, "read_line_route": "", "read_line_tip": "",
     "read_pacemaker": False, "read_pacemaker_side": "",
-    "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_notes": "",
+    "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_rest_absent": False, "read_notes": "",
 }  # fmt: skip
 FORM = list(FORM_DEFAULTS)
 
@@ -48,16 +48,21 @@ FORM = list(FORM_DEFAULTS)
 class ViewFiles:
     """The viewer's pictures as fast PNGs (zlib level 1: a textured film at Gradio's default level costs several
     times the render itself). Gradio copies each returned file into its own cache, so a file here is needed only
-    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server."""
+    for moments; each write deletes those older than KEEP_S. The folder is private (0700) to the server.
+
+    Views are cached by what they show (the film's content key and the view state: window, level, zoom, focus,
+    marks): going back to a preset or a window already seen costs no render and no encoding. The cache holds
+    names, not pictures; a file older than KEEP_S is re-rendered."""
 
     KEEP_S = 60.0
+    CACHED = 64
 
     def __init__(self, parent: Path) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="teaching-views-", dir=parent))
+        self._cache: dict[object, Path] = {}
+        self._lock = threading.Lock()
 
-    def write(self, picture) -> str:
-        from PIL import Image
-
+    def _sweep(self) -> None:
         cutoff = time.time() - self.KEEP_S
         for old in self.folder.glob("*.png"):
             try:
@@ -65,9 +70,31 @@ class ViewFiles:
                     old.unlink()
             except FileNotFoundError:
                 pass  # another request removed it first
+
+    def write(self, picture) -> str:
+        from PIL import Image
+
+        self._sweep()
         path = self.folder / f"view-{uuid.uuid4().hex}.png"
         Image.fromarray(picture).save(path, format="PNG", compress_level=1)
         return str(path)
+
+    def cached(self, key: object, render) -> str:
+        """The view for key: a recent file when one shows exactly this, else render() written as a new one."""
+        with self._lock:
+            path = self._cache.get(key)
+        if path is not None:
+            try:
+                if path.stat().st_mtime >= time.time() - self.KEEP_S / 2:  # kept well clear of the sweep
+                    return str(path)
+            except FileNotFoundError:
+                pass
+        written = Path(self.write(render()))
+        with self._lock:
+            self._cache[key] = written
+            while len(self._cache) > self.CACHED:
+                self._cache.pop(next(iter(self._cache)))
+        return str(written)
 
 
 @dataclass
@@ -119,6 +146,38 @@ def current_round(values: dict) -> tuple[SessionSlot[TeachingSession], TeachingS
     if held.current is None:
         raise refused(NO_CASE, logger, "teaching")
     return session, held, held.current
+
+
+QUESTIONS_LOCKED = "Quiz mode: commit your read and press Reveal first; the questions open after the reveal."
+
+
+def questions_locked(page: TeachingPage, quiz: bool, round_: Round | None) -> bool:
+    """Guess first: in quiz mode no question is answered about a case before its reveal, unless the operator's
+    TEACHING_QUESTIONS_BEFORE_REVEAL opens them (a round that discusses the film first)."""
+    if round_ is None or not quiz or round_.revealed:
+        return False
+    return not page.settings.teaching_questions_before_reveal
+
+
+def question_controls(locked: bool) -> dict:
+    """The Question box and Ask, locked (with the reason in the box) or open."""
+    import gradio as gr
+
+    placeholder = QUESTIONS_LOCKED if locked else "Ask about the film on screen"
+    return {
+        "question": gr.update(interactive=not locked, placeholder=placeholder),
+        "ask_button": gr.update(interactive=not locked),
+    }
+
+
+def read_form(interactive: bool, reset: bool = False) -> dict:
+    """The read form's components open or locked (after the reveal the read is the one that was scored); reset:
+    back to an empty read too (a new case)."""
+    import gradio as gr
+
+    if reset:
+        return {name: gr.update(value=value, interactive=interactive) for name, value in FORM_DEFAULTS.items()}
+    return {name: gr.update(interactive=interactive) for name in FORM}
 
 
 def hidden_update():

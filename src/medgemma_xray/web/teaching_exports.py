@@ -59,7 +59,8 @@ def _export_folder(page: TeachingPage, prefix: str) -> Path:
         raise refused(str(exc), logger, "teaching") from exc
 
 
-@EVENTS.on(["report_button.click"], inputs=["indication", "comparison", "recommendation", "identifiers", "session"],
+@EVENTS.on(["report_button.click"],
+           inputs=["indication", "comparison", "recommendation", "identifiers", "student_name", "session"],
            outputs=["report_md", "report_sr"], api_name="teaching_report")  # fmt: skip
 def export_report(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
@@ -76,7 +77,13 @@ def export_report(page: TeachingPage, values: dict) -> dict:
     context = ClinicalContext(
         *(scrub(values[name] or "", forbidden) for name in ("indication", "comparison", "recommendation"))
     )
-    report = TeachingReport(context, parse_report(scrub(round_.model_report, forbidden)))
+    from medgemma_xray.web.teaching_answers import byline
+
+    report = TeachingReport(
+        context,
+        parse_report(scrub(round_.model_report, forbidden)),
+        scrub(f"{round_.title} · {byline(values['student_name'])}", forbidden),
+    )
     folder = _export_folder(page, "teaching-report-")
     allowed = bool(values["identifiers"]) and page.settings.sr_include_identifiers
     try:
@@ -91,21 +98,23 @@ def export_report(page: TeachingPage, values: dict) -> dict:
     return {"report_md": gr.update(value=md, visible=True), "report_sr": gr.update(value=dcm, visible=True)}
 
 
-@EVENTS.on(["export_button.click"], inputs=["session"], outputs=["session_csv", "session_pdf"],
+@EVENTS.on(["export_button.click"], inputs=["student_name", "session"], outputs=["session_csv", "session_pdf"],
            api_name="teaching_export")  # fmt: skip
 def export_session(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
-    from medgemma_xray.teaching.session_export import session_csv, session_pdf
+    from medgemma_xray.teaching.session_export import SessionInfo, session_csv, session_pdf
 
     held = session_of(values).value
     if not held.records:
         raise refused("Nothing to export yet: reveal at least one case.", logger, "teaching")
     folder = _export_folder(page, "teaching-session-")
     records = list(held.records)
-    stem = export_stem("teaching-session", f"{len(records)}-cases")
-    csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden).encode("utf-8"))
-    pdf_path = _write_private(folder, f"{stem}.pdf", session_pdf(records, held.forbidden))
+    info = SessionInfo(student=values["student_name"] or "", day=datetime.date.today())
+    label = export_label(records[0].title) if len(records) == 1 else f"{len(records)}-cases"
+    stem = export_stem("teaching-session", label, info.day)
+    csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden, info).encode("utf-8"))
+    pdf_path = _write_private(folder, f"{stem}.pdf", session_pdf(records, held.forbidden, info=info))
     return {
         "session_csv": gr.update(value=csv_path, visible=True),
         "session_pdf": gr.update(value=pdf_path, visible=True),

@@ -26,15 +26,18 @@ from medgemma_xray.web.page_style import page_style
 from medgemma_xray.web.page_wiring import PageEvents
 from medgemma_xray.web.teaching_context import (
     FORM,
-    FORM_DEFAULTS,
     PREVIEW_SIZE,
     TeachingPage,
     ViewFiles,
     current_round,
     hidden_update,
     logger,
+    question_controls,
+    questions_locked,
+    read_form,
     session_of,
 )
+from medgemma_xray.web.teaching_keys import HELP_JS, PROJECTOR_JS, TEACH_STYLE, help_html, keys_js
 from medgemma_xray.web.teaching_view import VIEW_OUT, view_outputs
 
 if TYPE_CHECKING:
@@ -52,45 +55,6 @@ FINDING_CHOICES = {
     "inspiration": ["", "adequate", "poor"],
     "exposure": ["", "adequate", "under", "over"],
 }
-# elem_id of each button -> its key; the page's script clicks the button (typing in a text box is left alone).
-SHORTCUTS = {
-    "1": "teach-lung",
-    "2": "teach-mediastinum",
-    "3": "teach-bone",
-    "0": "teach-file-window",
-    "i": "teach-invert",
-    "r": "teach-reset",
-    "+": "teach-zoom-in",
-    "=": "teach-zoom-in",
-    "-": "teach-zoom-out",
-    "p": "teach-projector",
-}
-SHORTCUT_JS = (
-    "() => { if (window.__teachKeys) return; window.__teachKeys = true; const map = "
-    + str(SHORTCUTS).replace("'", '"')
-    + """;
-  document.addEventListener('keydown', (e) => {
-    const t = e.target;
-    if (t && (t.tagName === 'INPUT' || t.tagName === 'TEXTAREA' || t.tagName === 'SELECT' || t.isContentEditable)) return;
-    if (e.ctrlKey || e.metaKey || e.altKey) return;
-    const id = map[e.key.toLowerCase()];
-    const button = id && document.getElementById(id);
-    if (button) { e.preventDefault(); button.click(); }
-  });
-}"""
-)
-PROJECTOR_CSS = (
-    "body.projector .teach-engineering, body.projector #model-badge, body.projector .teach-form "
-    "{display: none !important;} "
-    "body.projector #teach-view-col {flex-grow: 5 !important; min-width: 66% !important;} "
-    "body.projector #teach-view img {max-height: 86vh !important;} "
-    "body.projector #teach-chat, body.projector #teach-reveal-box {font-size: 1.35em;}"
-)
-PROJECTOR_JS = (
-    "() => { if (!document.getElementById('teach-projector-css')) { const s = document.createElement('style');"
-    f" s.id = 'teach-projector-css'; s.textContent = {PROJECTOR_CSS!r}; document.head.appendChild(s); }}"
-    " document.body.classList.toggle('projector'); }"
-)
 # The clickable view is one image button for the ruler, calliper and pan: its accessible name says so.
 VIEW_ALT = "The film at full resolution: click to place a ruler or calliper point, or to pan"
 
@@ -100,7 +64,7 @@ EVENTS = PageEvents()
 # --- cases ---------------------------------------------------------------------------------------------------------
 OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
 SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
-         "recommendation", "report_md", "report_sr", *FORM]  # fmt: skip
+         "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -158,7 +122,8 @@ def show_case(page: TeachingPage, values: dict) -> dict:
         "recommendation": "",
         "report_md": hidden_update(),
         "report_sr": hidden_update(),
-        **FORM_DEFAULTS,  # a new case starts a fresh read
+        **read_form(interactive=True, reset=True),  # a new case starts a fresh read
+        **question_controls(questions_locked(page, bool(values.get("quiz", True)), round_)),
     }
 
 
@@ -187,7 +152,7 @@ def open_case(page: TeachingPage, values: dict) -> dict:
     return _opened(page, session, library_round(case, film, display))
 
 
-@EVENTS.on(["open_case.success"], inputs=["session"], outputs=SHOWN)
+@EVENTS.on(["open_case.success"], inputs=["quiz", "session"], outputs=SHOWN)
 def show_opened_case(page: TeachingPage, values: dict) -> dict:
     return show_case(page, values)
 
@@ -200,7 +165,7 @@ def next_case(page: TeachingPage, values: dict) -> dict:
     return open_case(page, {**values, "case_list": case_id})
 
 
-@EVENTS.on(["next_case.success"], inputs=["session"], outputs=["case_list", *SHOWN])
+@EVENTS.on(["next_case.success"], inputs=["quiz", "session"], outputs=["case_list", *SHOWN])
 def show_next_case(page: TeachingPage, values: dict) -> dict:
     import gradio as gr
 
@@ -243,7 +208,7 @@ def upload_film(page: TeachingPage, values: dict) -> dict:
     return _opened(page, session, round_, forbidden)
 
 
-@EVENTS.on(["upload_film.success"], inputs=["session"], outputs=SHOWN)
+@EVENTS.on(["upload_film.success"], inputs=["quiz", "session"], outputs=SHOWN)
 def show_uploaded_case(page: TeachingPage, values: dict) -> dict:
     return show_case(page, values)
 
@@ -265,17 +230,30 @@ def upload_key(page: TeachingPage, values: dict) -> dict:
     return {"case_info": _case_markdown(keyed), "session": session}
 
 
-@EVENTS.on(["route.load"], outputs=["case_list", "library_note"], js=SHORTCUT_JS,
+@EVENTS.on(["quiz.change"], inputs=["quiz", "session"], outputs=["question", "ask_button"])
+def quiz_changed(page: TeachingPage, values: dict) -> dict:
+    """Quiz on: the questions lock until the case is revealed; off: they open (what is asked is recorded)."""
+    return question_controls(questions_locked(page, bool(values["quiz"]), session_of(values).value.current))
+
+
+@EVENTS.on(["route.load"], outputs=["case_list", "library_note", "round_day"], js=keys_js(),
            api_name="teaching_cases")  # fmt: skip
 def list_cases(page: TeachingPage, values: dict) -> dict:
+    import datetime
+
     import gradio as gr
 
     library = page.library()
     lines = [f"{len(library.cases)} cases in the library."] + [f"⚠️ {p}" for p in library.problems]
-    return {"case_list": gr.update(choices=library.choices()), "library_note": "\n\n".join(lines)}
+    return {
+        "case_list": gr.update(choices=library.choices()),
+        "library_note": "\n\n".join(lines),
+        "round_day": f"**Round of {datetime.date.today().isoformat()}**",
+    }
 
 
 EVENTS.js("projector_layout", ["projector.click"], PROJECTOR_JS)
+EVENTS.js("keys_help", ["keys_button.click", "help_close.click"], HELP_JS)
 
 
 def session_ended(page: TeachingPage, state: object) -> None:
@@ -300,17 +278,27 @@ def add_teaching_page(
         ui["route"] = route
         ui["session"] = gr.State(SessionSlot(TeachingSession()), delete_callback=lambda s: session_ended(page, s))
         page_style()
+        gr.HTML(TEACH_STYLE, padding=False, container=False)
         gr.Markdown(
             "# Teaching rounds\n**For education and research only. Not a medical device and not for diagnosis.** "
-            "Keys: 1 lung, 2 mediastinum, 3 bone, 0 the file's window, I invert, +/− zoom, R reset, P projector."
+            "Press ? for the viewer's keys; right- or middle-drag on the film to window.",
+            elem_id="teach-header",
         )
-        with gr.Row():
+        with gr.Row(elem_id="teach-top"):
             ui["case_list"] = gr.Dropdown([], label="Case library", elem_id="teach-case", scale=3)
             ui["open_button"] = gr.Button("Open case", elem_id="teach-open", scale=1)
             ui["shuffle_button"] = gr.Button("Shuffle (quiz order)", elem_id="teach-shuffle", scale=1)
             ui["next_button"] = gr.Button("Next case", elem_id="teach-next", scale=1)
             ui["quiz"] = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             ui["projector"] = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
+        with gr.Row(elem_classes="teach-engineering"):
+            ui["student_name"] = gr.Textbox(
+                label="Student (optional: shown here and in your exports, never sent to the logs)",
+                max_length=80,
+                elem_id="teach-student",
+                scale=3,
+            )
+            ui["round_day"] = gr.Markdown(elem_id="teach-day")
         ui["library_note"] = gr.Markdown(elem_id="teach-library", elem_classes="teach-engineering")
         ui["order_note"] = gr.Markdown(elem_id="teach-order", elem_classes="teach-engineering")
         with gr.Row(elem_classes="teach-engineering"):
@@ -319,10 +307,12 @@ def add_teaching_page(
             )
             ui["key_upload"] = gr.File(label="Teacher's answer key (JSON)", type="filepath", elem_id="teach-key")
         ui["case_info"] = gr.Markdown(elem_id="teach-case-info")
-        with gr.Row():
+        with gr.Row(elem_id="teach-main-row"):
+            with gr.Column(scale=1, min_width=170, elem_id="teach-tools"):
+                _viewer_tools(ui)
             with gr.Column(scale=3, elem_id="teach-view-col"):
                 ui["view"] = gr.Image(
-                    label="Full-resolution film (click: ruler, calliper or pan)",
+                    label="Full-resolution film (click: the tool; right- or middle-drag: window)",
                     interactive=False,
                     type="filepath",
                     elem_id="teach-view",
@@ -330,32 +320,13 @@ def add_teaching_page(
                     alt_text=VIEW_ALT,
                     buttons=["fullscreen"],  # no "share" (Spaces only), no download of a view file
                 )
-                with gr.Row():
-                    ui["lung_button"] = gr.Button("Lung (1)", elem_id="teach-lung", size="sm")
-                    ui["mediastinum_button"] = gr.Button("Mediastinum (2)", elem_id="teach-mediastinum", size="sm")
-                    ui["bone_button"] = gr.Button("Bone (3)", elem_id="teach-bone", size="sm")
-                    ui["file_button"] = gr.Button("File window (0)", elem_id="teach-file-window", size="sm")
-                    ui["invert_button"] = gr.Button("Invert (I)", elem_id="teach-invert", size="sm")
-                    ui["zoom_in"] = gr.Button("Zoom + (+)", elem_id="teach-zoom-in", size="sm")
-                    ui["zoom_out"] = gr.Button("Zoom − (−)", elem_id="teach-zoom-out", size="sm")
-                    ui["reset_button"] = gr.Button("Reset (R)", elem_id="teach-reset", size="sm")
-                with gr.Row():
-                    ui["centre"] = gr.Slider(0, 4096, value=2048, label="Level (centre)", elem_id="teach-level")
-                    ui["width"] = gr.Slider(1, 8192, value=4096, label="Width", elem_id="teach-width")
-                    ui["tool"] = gr.Radio(
-                        [("Ruler", "ruler"), ("CTR calliper", "ctr"), ("Pan", "pan")],
-                        value="ruler",
-                        label="Tool",
-                        elem_id="teach-tool",
-                    )
-                ui["measure"] = gr.Markdown(elem_id="teach-measure")
             with gr.Column(scale=2):
                 ui["model_view"] = gr.Image(
                     label="What the model sees (padded to square, 896 px)",
                     interactive=False,
                     type="pil",
                     format="png",
-                    height=300,
+                    height=240,
                     alt_text="The film as the model sees it: grey-scale, padded to a square",
                     buttons=["fullscreen"],
                     elem_id="teach-model-view",
@@ -363,19 +334,24 @@ def add_teaching_page(
                 ui["chat"] = gr.Chatbot(
                     label="Questions", height=300, buttons=["copy", "copy_all"], elem_id="teach-chat"
                 )  # (the default set has an unnamed icon button)
-                ui["question"] = gr.Textbox(label="Question", elem_id="teach-question")
-                ui["asked"] = gr.Textbox(label="Question", visible=False, elem_id="teach-asked")
-                with gr.Row():
-                    ui["ask_button"] = gr.Button("Ask", variant="primary", elem_id="teach-ask")
-                    ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="teach-stop")
+                with gr.Group(elem_id="teach-question-row"):
+                    ui["question"] = gr.Textbox(label="Question", elem_id="teach-question")
+                    ui["asked"] = gr.Textbox(label="Question", visible=False, elem_id="teach-asked")
+                    with gr.Row():
+                        ui["ask_button"] = gr.Button("Ask", variant="primary", elem_id="teach-ask")
+                        ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="teach-stop")
+        with gr.Group(elem_id="teach-help"):
+            gr.HTML(help_html(), padding=False, container=False)
+            ui["help_close"] = gr.Button("Close (Esc)", elem_id="teach-help-close", size="sm")
         with gr.Accordion("Your read (before the reveal)", open=True, elem_classes="teach-form"):
             _read_form(ui, [""] + list(ALL_LOBES))
         ui["reveal_button"] = gr.Button("Reveal", variant="primary", elem_id="teach-reveal")
-        with gr.Row():
+        with gr.Row(elem_classes="teach-after"):
             ui["student_score"] = gr.Markdown(elem_id="teach-student-score")
             ui["model_score"] = gr.Markdown(elem_id="teach-model-score")
-        ui["reveal_box"] = gr.Markdown(elem_id="teach-reveal-box")
-        with gr.Accordion("Report: indication, comparison, recommendation; Markdown and DICOM SR", open=False):
+        ui["reveal_box"] = gr.Markdown(elem_id="teach-reveal-box", elem_classes="teach-after")
+        with gr.Accordion("Report: indication, comparison, recommendation; Markdown and DICOM SR", open=False,
+                          elem_classes="teach-after"):  # fmt: skip
             ui["indication"] = gr.Textbox(label="Indication", elem_id="teach-indication")
             ui["comparison"] = gr.Textbox(label="Comparison", elem_id="teach-comparison")
             ui["recommendation"] = gr.Textbox(label="Recommendation", elem_id="teach-recommendation")
@@ -390,13 +366,45 @@ def add_teaching_page(
             with gr.Row():
                 ui["report_md"] = gr.DownloadButton("Report (Markdown)", visible=False, elem_id="teach-report-md")
                 ui["report_sr"] = gr.DownloadButton("Report (DICOM SR)", visible=False, elem_id="teach-report-sr")
-        ui["export_button"] = gr.Button("Export the session (CSV and PDF)", elem_id="teach-export")
-        with gr.Row():
+        ui["export_button"] = gr.Button(
+            "Export the session (CSV and PDF)", elem_id="teach-export", elem_classes="teach-after"
+        )
+        with gr.Row(elem_classes="teach-after"):
             ui["session_csv"] = gr.DownloadButton("Session (CSV)", visible=False, elem_id="teach-csv")
             ui["session_pdf"] = gr.DownloadButton("Session handout (PDF)", visible=False, elem_id="teach-pdf")
         concurrency = {"generation": settings.generation_concurrency}
         for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS):
             events.wire(ui, page, concurrency=concurrency)
+
+
+def _viewer_tools(ui: dict[str, Any]) -> None:
+    """The viewer's tools, beside the film (no scrolling to reach them): presets, invert, zoom, reset, a typed
+    window (Enter applies it), the tool, the keys' list and the measurement."""
+    import gradio as gr
+
+    with gr.Row():
+        ui["lung_button"] = gr.Button("Lung (1)", elem_id="teach-lung", size="sm", min_width=70)
+        ui["mediastinum_button"] = gr.Button("Mediast. (2)", elem_id="teach-mediastinum", size="sm", min_width=70)
+    with gr.Row():
+        ui["bone_button"] = gr.Button("Bone (3)", elem_id="teach-bone", size="sm", min_width=70)
+        ui["file_button"] = gr.Button("File (0)", elem_id="teach-file-window", size="sm", min_width=70)
+    with gr.Row():
+        ui["invert_button"] = gr.Button("Invert (I)", elem_id="teach-invert", size="sm", min_width=70)
+        ui["reset_button"] = gr.Button("Reset (R)", elem_id="teach-reset", size="sm", min_width=70)
+    with gr.Row():
+        ui["zoom_in"] = gr.Button("Zoom + (+)", elem_id="teach-zoom-in", size="sm", min_width=70)
+        ui["zoom_out"] = gr.Button("Zoom − (−)", elem_id="teach-zoom-out", size="sm", min_width=70)
+    ui["centre"] = gr.Number(label="Level (Enter applies)", elem_id="teach-level")
+    ui["width"] = gr.Number(label="Width (Enter applies)", elem_id="teach-width")
+    ui["apply_window"] = gr.Button("Apply the window", elem_id="teach-apply-window", elem_classes="teach-hidden")
+    ui["tool"] = gr.Radio(
+        [("Ruler (L)", "ruler"), ("CTR calliper (C)", "ctr"), ("Pan (M)", "pan"), ("Probe (V)", "probe")],
+        value="ruler",
+        label="Tool",
+        elem_id="teach-tool",
+    )
+    ui["measure"] = gr.Markdown(elem_id="teach-measure")
+    ui["keys_button"] = gr.Button("Keys (?)", elem_id="teach-keys", size="sm")
 
 
 def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
@@ -439,4 +447,5 @@ def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
         choice("read_rotated", FINDING_CHOICES["yes_no"], "rotated")
         choice("read_inspiration", FINDING_CHOICES["inspiration"], "inspiration")
         choice("read_exposure", FINDING_CHOICES["exposure"], "exposure")
+    box("read_rest_absent", "Every finding I did not tick is absent (else unticked findings are not assessed)")
     ui["read_notes"] = gr.Textbox(label="Free text", lines=2, elem_id="read-notes")

@@ -20,27 +20,21 @@ VIEW_OUT = ["view", "centre", "width", "measure"]
 
 
 def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
-    import gradio as gr
-
     from medgemma_xray.teaching import viewer
 
-    display = round_.display
+    display, view = round_.display, round_.view
     full = None
-    if viewer.needs_full(display, round_.view):
+    zoomed = viewer.needs_full(display, view)
+    if zoomed or view.tool == "probe":
         values = page.intake.values(display.key)
         full = values.values if values is not None else None
-    picture = page.view_files.write(viewer.render_view(display, round_.view, full=full)[0])
-    low, high = display.window_limits
-    span = max(high - low, 1.0)
-    measure = viewer.measurement_text(display, round_.view)
-    if full is None and viewer.needs_full(display, round_.view):
+    key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points)
+    render = lambda: viewer.render_view(display, view, full=full)[0]  # noqa: E731 (rendered only on a miss)
+    picture = page.view_files.cached(key, render) if display.key else page.view_files.write(render())
+    measure = viewer.measurement_text(display, view, full)
+    if full is None and zoomed:
         measure += "\n\n_Zoomed past the kept copy's detail: open the case again to see the film at full resolution._"
-    return {
-        "view": picture,
-        "centre": gr.update(value=round_.view.centre, minimum=low, maximum=high),
-        "width": gr.update(value=round_.view.width, minimum=1.0, maximum=2 * span),
-        "measure": measure,
-    }
+    return {"view": picture, "centre": round(view.centre, 2), "width": round(view.width, 2), "measure": measure}
 
 
 def _view_changed(page: TeachingPage, values: dict, change) -> dict:
@@ -95,10 +89,20 @@ def reset(page: TeachingPage, values: dict) -> dict:
     return _view_changed(page, values, lambda r: replace(viewer.ViewState.initial(r.display), tool=r.view.tool))
 
 
-@EVENTS.on(["centre.release", "width.release"], inputs=["centre", "width", "session"], outputs=[*VIEW_OUT, "session"],
-           api_name="teaching_window")  # fmt: skip
+@EVENTS.on(["centre.submit", "width.submit", "apply_window.click"], inputs=["centre", "width", "session"],
+           outputs=[*VIEW_OUT, "session"], api_name="teaching_window")  # fmt: skip
 def set_window(page: TeachingPage, values: dict) -> dict:
-    return _view_changed(page, values, lambda r: r.view.with_window(values["centre"], values["width"]))
+    """A typed level or width (Enter applies it), or the window a right- or middle-button drag on the film set."""
+    import gradio as gr
+
+    from medgemma_xray.web.teaching_context import session_of
+
+    held = session_of(values).value.current
+    centre, width = values["centre"], values["width"]
+    if held is not None and (centre is None or width is None or not width > 0):
+        gr.Warning("Type a level and a width above 0, then press Enter.")
+        return {"centre": held.view.centre, "width": held.view.width}
+    return _view_changed(page, values, lambda r: r.view.with_window(centre, width))
 
 
 @EVENTS.on(["tool.change"], inputs=["tool", "session"], outputs=[*VIEW_OUT, "session"], api_name="teaching_tool")
