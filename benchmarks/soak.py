@@ -267,6 +267,8 @@ class Soak:
             while planned and now >= planned[0][0] and now < args.minutes * 60 and self.supervisor.note_ready():
                 _, fault, lasts = planned.pop(0)
                 ended = self._begin(fault, now, lasts)
+                if fault == "kill":
+                    mode = "pytorch"  # a restarted server starts in PyTorch
                 if ended is not None:
                     ends.append(ended)
             for end in [e for e in ends if now >= e[0]]:
