@@ -174,6 +174,14 @@ def markdown(body: dict) -> str:
             f"{r.get('growth_mib_per_min')} MiB/min per backend level; plain fit {r.get('plain_fit_mib_per_min')}",
         ),
     ]
+    if "server_log" in body:
+        log = body["server_log"]
+        rows.append(
+            (
+                "server log: internal errors / tracebacks / logging errors / lost-record warnings",
+                f"{log['internal_errors']} / {log['tracebacks']} / {log['logging_errors']} / {log['lost_record_warnings']}",
+            )
+        )
     lines = ["| figure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
     if s["messages"]:
         lines += [
