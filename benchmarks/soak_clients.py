@@ -77,7 +77,11 @@ def classify(exc: BaseException) -> tuple[str, bool | None, str]:
     import openai
     from gradio_client.exceptions import AppError
 
-    message = f"{type(exc).__name__}: {exc}"[:400]
+    message = f"{type(exc).__name__}: {exc}"
+    root = _root_cause(exc)
+    if root is not exc:  # openai's "Connection error." says nothing: the transport's own error says what happened
+        message += f" (from {type(root).__name__}: {root})"
+    message = message[:400]
     if isinstance(exc, AppError):  # the server said something: a gr.Error's text, shown as the page's toast
         return "failed", is_retryable_text(str(exc)), message
     if isinstance(exc, openai.APIStatusError):
@@ -93,6 +97,14 @@ def classify(exc: BaseException) -> tuple[str, bool | None, str]:
             return "refused", True, message  # never reached a server: nothing was lost, and trying again is safe
         cause = cause.__cause__ or cause.__context__
     return "lost", None, message
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen = {id(exc)}
+    while (exc.__cause__ or exc.__context__) is not None and id(exc.__cause__ or exc.__context__) not in seen:
+        exc = exc.__cause__ or exc.__context__
+        seen.add(id(exc))
+    return exc
 
 
 def _timed(recorder: Recorder, door: str, index: int, call) -> bool:
