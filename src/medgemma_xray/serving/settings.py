@@ -100,7 +100,10 @@ class Settings:
     #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
     session_capacity: int = 1000  # sessions whose state is held at once; the least recently used go first
     header_timeout_s: float = 10.0  # a connection must finish its request headers within this, or it is closed
-    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
+    # An idle keep-alive connection is closed after this (uvicorn). Longer than clients keep idle connections in
+    # their pools (httpx and so the openai client 5 s, aiohttp 15 s): at uvicorn's own 5 s, a client reused a
+    # connection the server was closing at that instant, and its request failed unseen.
+    keep_alive_timeout_s: int = 20
     max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
     max_files_per_request: int = 4  # files in one call to the upload route (the UI sends one)
     upload_cache_max_mb: int = 512  # bytes kept in the upload cache at once; an upload past it is refused (507)
