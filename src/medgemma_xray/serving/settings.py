@@ -101,7 +101,10 @@ class Settings:
     #   send no heartbeat, so an idle session is otherwise kept until the capacity evicts it)
     session_capacity: int = 1000  # sessions whose state is held at once; the least recently used go first
     header_timeout_s: float = 10.0  # a connection must finish its request headers within this, or it is closed
-    keep_alive_timeout_s: int = 5  # an idle keep-alive connection is closed after this (uvicorn)
+    # An idle keep-alive connection is closed after this (uvicorn). Longer than clients keep idle connections in
+    # their pools (httpx and so the openai client 5 s, aiohttp 15 s): at uvicorn's own 5 s, a client reused a
+    # connection the server was closing at that instant, and its request failed unseen.
+    keep_alive_timeout_s: int = 20
     max_connections: int = 2048  # open connections plus running requests; beyond it uvicorn answers 503 at once
     per_client_connections: int = 256  # connections one client address may hold; its next ones get 503
     body_timeout_s: float = 30.0  # a request body must arrive within this plus 1 s per 64 KiB, or it gets 408

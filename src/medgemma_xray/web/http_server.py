@@ -209,14 +209,16 @@ def draining_server(config, service, drain_timeout_s: float):
 
 def configure_logging(log_file: Path | None, repeats_per_minute: int | None = None):
     """Log to the rotating file (or stderr), every record through one RepeatLimiter (medgemma_xray.serving.log_limits), so a
-    flood of one record cannot rotate the earlier lines away. Returns the limiter (its rate is a setting, read
-    after logging starts)."""
+    flood of one record cannot rotate the earlier lines away. The file's handler (serving/log_disk.py) outlives a
+    full log disk: it drops and counts records meanwhile, and logs the count once it can write again. Returns the
+    limiter (its rate is a setting, read after logging starts)."""
+    from medgemma_xray.serving.log_disk import LogDiskHandler
     from medgemma_xray.serving.log_limits import RepeatLimiter
 
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log_file is not None:
         log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        handlers = [logging.handlers.RotatingFileHandler(log_file, maxBytes=10 << 20, backupCount=5)]
+        handlers = [LogDiskHandler(log_file, maxBytes=10 << 20, backupCount=5)]
     limiter = RepeatLimiter(repeats_per_minute or Settings.log_repeats_per_minute)
     for handler in handlers:
         handler.addFilter(limiter)

@@ -143,12 +143,19 @@ def from_asking(exc) -> ApiError:
 def from_service(exc: BaseException) -> ApiError:
     """The service's refusals and failures, by whose they are: the request's (400), the server's capacity (503),
     time (504), or a fault (500 with an incident number)."""
+    from starlette.requests import ClientDisconnect
+
     from medgemma_xray.serving.scheduler import AnswerTimeoutError
     from medgemma_xray.serving.service import ServiceUnavailable
     from medgemma_xray.web.asking import AskRefused
 
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, ClientDisconnect):
+        # The client hung up before its request was read (a slow client the server closed, or one that gave up):
+        # nobody reads this answer, and it is no fault of the server's, so it is no internal error in the log.
+        logger.info("API client closed the connection before its request was read")
+        return bad_request("The request ended before its body was complete.", code="incomplete_request")
     if isinstance(exc, AskRefused):
         return from_asking(exc)
     if isinstance(exc, RequestError):
