@@ -53,4 +53,7 @@ def test_a_short_soak_meets_each_fault_and_accounts_for_every_answer(tmp_path, i
         answer = dict(zip(fields, row, strict=True))
         assert answer["t0_s"] <= answer["t1_s"]
         assert (answer["outcome"] == "ok") == (answer["message"] == ""), answer
-    assert summary["rss"]["growth_mib_per_min"] is not None and body["rss"]
+    # RSS sampled throughout; the growth figure itself may be None here: in two minutes with a switch every 30 s
+    # and the kill late, every second-half sample can fall in a settling window (tests/test_soak_accounting.py
+    # checks the fit)
+    assert len(body["rss"]) >= 10 and "growth_mib_per_min" in summary["rss"]

@@ -354,7 +354,7 @@ KNOWN = (300, 200, 1234)  # row, column and stored value of a 9 x 9 block in the
 
 
 @pytest.fixture(scope="module")
-def browser():  # one Chromium for the viewer's tests
+def browser():  # one Chromium for the tests from here on: a second sync_playwright cannot start beside it
     playwright_api = pytest.importorskip("playwright.sync_api")
     with playwright_api.sync_playwright() as playwright:
         launched = _browser(playwright)
@@ -547,40 +547,39 @@ def _long_answers_env(library_folder, random_model_dir, **extra: str) -> dict[st
     }
 
 
-def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_model_dir, library_folder):
+def test_stop_frees_the_slot_for_the_next_question(browser, tmp_path_factory, random_model_dir, library_folder):
     """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early): after
     Stop, the stopped answer stays in the chat as far as it went, the slot empties, and the next question gets
     its own answer streaming while nothing has completed, so it did not wait for the stopped answer. Gradio's
     cancels= failed this now and then beside a busy core: the next question was taken and never answered."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
     # A stopped answer gives its lease back: SIGTERM then finds nothing running (an answer left open would run
-    # >= 20 s and outlast this).
-    env = _long_answers_env(library_folder, random_model_dir, DRAIN_TIMEOUT_S="5")
+    # >= 20 s and outlast this). Questions open before the reveal: this is about the slot, not the quiz.
+    env = _long_answers_env(library_folder, random_model_dir, DRAIN_TIMEOUT_S="5", TEACHING_QUESTIONS_BEFORE_REVEAL="1")
     first, second = "Describe the findings.", "Is there a pleural effusion?"
     server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
+    page = None
     try:
-        with playwright_api.sync_playwright() as playwright:
-            browser = _browser(playwright)
-            page = _open_page(browser, server.url)
-            _open_case(page, load_library(library_folder).cases[0].title)
-            page.fill("#teach-question textarea", first)
-            page.click("#teach-ask")
-            _wait_answer_to(page, first, "return text.length > 10;")
-            page.evaluate("() => document.getElementById('teach-stop').click()")  # the chat grows under it
-            _wait_answer_to(page, first, "return text.includes('Stopped.');", timeout_ms=120_000)
-            _wait_slot_free(page, server.url)
-            stopped_answer = _answer_to(page, first)
-            page.fill("#teach-question textarea", second)
-            page.click("#teach-ask")
-            _wait_answer_to(page, second, "return text.length > 10;", timeout_ms=120_000)
-            completed = _metric(server.url, "medgemma_requests_total")
-            kept_answer = _answer_to(page, first)
-            page.evaluate("() => document.getElementById('teach-stop').click()")
-            _wait_answer_to(page, second, "return text.includes('Stopped.');", timeout_ms=120_000)
-            _wait_slot_free(page, server.url)
-            page.screenshot(path=str(ARTIFACTS / "teaching_stop.png"), full_page=True, timeout=120_000)
-            browser.close()
+        page = _open_page(browser, server.url)
+        _open_case(page, load_library(library_folder).cases[0].title)
+        page.fill("#teach-question textarea", first)
+        page.click("#teach-ask")
+        _wait_answer_to(page, first, "return text.length > 10;")
+        page.evaluate("() => document.getElementById('teach-stop').click()")  # the chat grows under it
+        _wait_answer_to(page, first, "return text.includes('Stopped.');", timeout_ms=120_000)
+        _wait_slot_free(page, server.url)
+        stopped_answer = _answer_to(page, first)
+        page.fill("#teach-question textarea", second)
+        page.click("#teach-ask")
+        _wait_answer_to(page, second, "return text.length > 10;", timeout_ms=120_000)
+        completed = _metric(server.url, "medgemma_requests_total")
+        kept_answer = _answer_to(page, first)
+        page.evaluate("() => document.getElementById('teach-stop').click()")
+        _wait_answer_to(page, second, "return text.includes('Stopped.');", timeout_ms=120_000)
+        _wait_slot_free(page, server.url)
+        page.screenshot(path=str(ARTIFACTS / "teaching_stop.png"), full_page=True, timeout=120_000)
     finally:
+        if page is not None:
+            page.close()
         server.stop()
     assert completed == 0, "the second answer started only after the stopped one had run to its end"
     body = stopped_answer.replace("Stopped. Ask again or ask another question.", "").strip()
@@ -590,31 +589,30 @@ def test_stop_frees_the_slot_for_the_next_question(tmp_path_factory, random_mode
     assert "stopped" in server.log_text.splitlines()[-1], server.log_text[-2000:]
 
 
-def test_a_stopped_report_leaves_the_case_to_be_revealed(tmp_path_factory, random_model_dir, library_folder):
+def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, tmp_path_factory, random_model_dir, library_folder):
     """Stop during Reveal: the page says the report was stopped, the slot empties, and Reveal runs again (a part
     of a report is not the model's read, so the case is not scored on it)."""
-    playwright_api = pytest.importorskip("playwright.sync_api")
     env = _long_answers_env(library_folder, random_model_dir)
     box = "() => document.querySelector('#teach-reveal-box').innerText"
     server = start_server(tmp_path_factory.mktemp("reveal-stop-logs"), env=env, script="tests/support/paced_server.py")
+    page = None
     try:
-        with playwright_api.sync_playwright() as playwright:
-            browser = _browser(playwright)
-            page = _open_page(browser, server.url)
-            _open_case(page, load_library(library_folder).cases[0].title)
-            for _ in range(2):  # the second Reveal runs: the stopped one did not reveal the case
-                page.click("#teach-reveal")
-                page.wait_for_function(
-                    f"() => {{ const t = ({box})(); return t.includes('(streaming)') && t.length > 60; }}",
-                    timeout=300_000,
-                )
-                page.evaluate("() => document.getElementById('teach-stop').click()")
-                page.wait_for_function(f"() => ({box})().includes('Stopped before the report')", timeout=120_000)
-                _wait_slot_free(page, server.url)
-            completed = _metric(server.url, "medgemma_requests_total")
-            score = page.evaluate("() => document.querySelector('#teach-model-score')?.innerText || ''")
-            browser.close()
+        page = _open_page(browser, server.url)
+        _open_case(page, load_library(library_folder).cases[0].title)
+        for _ in range(2):  # the second Reveal runs: the stopped one did not reveal the case
+            page.click("#teach-reveal")
+            page.wait_for_function(
+                f"() => {{ const t = ({box})(); return t.includes('(streaming)') && t.length > 60; }}",
+                timeout=300_000,
+            )
+            page.evaluate("() => document.getElementById('teach-stop').click()")
+            page.wait_for_function(f"() => ({box})().includes('Stopped before the report')", timeout=120_000)
+            _wait_slot_free(page, server.url)
+        completed = _metric(server.url, "medgemma_requests_total")
+        score = page.evaluate("() => document.querySelector('#teach-model-score')?.innerText || ''")
     finally:
+        if page is not None:
+            page.close()
         server.stop()
     assert completed == 0, "a report ran to its end although Stop was pressed"
     assert "Model score" not in score, f"a stopped report was scored: {score!r}"

