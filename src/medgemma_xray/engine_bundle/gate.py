@@ -170,7 +170,7 @@ def gate_figures(accuracy: dict[str, Any] | None) -> list[GateFigure]:
     task = accuracy.get("task_accuracy") or {}
     tokens = long_case.get("prompt_tokens")
 
-    def figure(label: str, value, key: str, at_least: bool) -> GateFigure:
+    def figure(label: str, value: float | None, key: str, at_least: bool) -> GateFigure:
         name = key.removeprefix("min_").removeprefix("max_")
         return GateFigure(name, label, value, thresholds.get(key), DEFAULT_THRESHOLDS[key], at_least)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -56,10 +56,13 @@ def decode_film(task: DecodeTask) -> DecodedFilm:
         )
     else:
         radiograph = load_radiograph(task.data, max_pixels=task.max_pixels, max_bytes=task.max_bytes)
-    verdict, inverted, framing_warnings = None, False, ()
+    verdict: FilmVerdict | None = None
+    inverted = False
+    framing_warnings: tuple[str, ...] = ()
     if task.reference is not None:
         found = framed_film(radiograph.pixels, reference_at(task.reference))  # borders, markers, inversion
-        verdict, inverted, framing_warnings = found.verdict, found.inverted, tuple(found.warnings)
+        verdict = cast("FilmVerdict", found.verdict)
+        inverted, framing_warnings = found.inverted, tuple(found.warnings)
         if found.pixels is not radiograph.pixels:
             radiograph = replace(radiograph, pixels=found.pixels)
     images = case_images(radiograph)

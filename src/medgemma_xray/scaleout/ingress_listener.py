@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ class IngressListener:
 
     def __init__(self, app, settings) -> None:
         self.app, self.settings = app, settings
-        self._server = None
+        self._server: Any = None  # the uvicorn.Server, made at start() (uvicorn is imported there)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

@@ -56,7 +56,7 @@ class LogDiskHandler(logging.handlers.RotatingFileHandler):
         with contextlib.suppress(OSError, ValueError):
             if self.stream is not None:
                 self.stream.close()
-        self.stream = None  # type: ignore[assignment]
+        self.stream = None
         if not self.lost:
             self._lost_from = time.time()
             self._say(

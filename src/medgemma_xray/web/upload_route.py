@@ -181,7 +181,7 @@ async def _login_check(app, scope) -> tuple[int, bytes]:
     needed or the client is logged in, else 401 with Gradio's body."""
     path = "/gradio_api/login_check"
     probe = {**scope, "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b""}
-    answer = {"status": 500, "body": b""}
+    answer: dict[str, Any] = {"status": 500, "body": b""}
 
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
