@@ -404,7 +404,7 @@ def class_on_one_film(service, image, students: int, max_new_tokens: int, spread
 
 
 def percentiles95(values: list[float]) -> dict:
-    """percentiles() plus p95, which the issue's teaching-round targets use."""
+    """percentiles() plus p95, which the teaching-round targets use."""
     figures = percentiles(values)
     if values:
         ordered = sorted(values)

@@ -7,7 +7,7 @@ from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
 from medgemma_xray.xray_io import load_radiograph
 from medgemma_xray.xray_io.preprocess import model_input_image
 
-# 40 words, as the measurements used.
+# 40 words, as the measurements behind the targets used.
 QUESTION = (
     "Please review this frontal chest radiograph from our teaching file and describe the lungs, pleura, heart size, "
     "mediastinal contours, bones and any lines or devices, then give the most likely diagnosis and the next step."
