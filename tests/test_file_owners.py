@@ -37,3 +37,7 @@ def test_another_clients_preview_and_report_are_not_served(demo_server, tmp_path
         assert fetch(url, owner.cookies) == 200, url
         assert fetch(url, other.cookies) == 404, "another client's file was served"
         assert fetch(url, None) == 404, "a request with no cookie got another client's file"
+        # Gradio's deprecated form of the same route serves the same file: closed for everyone
+        old_form = url.replace("/gradio_api/file=", "/gradio_api/file/", 1)
+        assert old_form != url and fetch(old_form, other.cookies) == 404, "the /file/ route served another's file"
+        assert fetch(old_form, owner.cookies) == 404

@@ -33,11 +33,18 @@ def _exchange(sock: socket.socket, host: str) -> bytes:
     return head
 
 
-def test_a_connection_idle_past_the_openai_clients_pool_expiry_still_answers(demo_server):
+AIOHTTP_POOL_EXPIRY_S = 15.0  # aiohttp's TCPConnector keepalive_timeout default
+
+
+@pytest.mark.parametrize("client", ["httpx (the openai client)", "aiohttp"])
+def test_a_connection_idle_past_a_clients_pool_expiry_still_answers(demo_server, client):
+    """Idle longer than the client keeps a connection in its pool, so the client has dropped it by then; the
+    server has not closed it yet (HEADER_TIMEOUT_S, 10 s, is shorter than aiohttp's 15 s: the head timer after a
+    response must follow KEEP_ALIVE_TIMEOUT_S)."""
     address = urlparse(demo_server.url)
-    pool_expiry_s = httpx.Limits().keepalive_expiry or 5.0  # httpx's own figure (the openai client's transport)
+    pool_expiry_s = (httpx.Limits().keepalive_expiry or 5.0) if client.startswith("httpx") else AIOHTTP_POOL_EXPIRY_S
     with socket.create_connection((address.hostname, address.port), timeout=30) as sock:
         assert _exchange(sock, address.netloc).startswith(b"HTTP/1.1 200")
-        time.sleep(pool_expiry_s + 1)  # idle longer than any httpx client keeps the connection
+        time.sleep(pool_expiry_s + 1)
         again = _exchange(sock, address.netloc)
     assert again.startswith(b"HTTP/1.1 200"), "the server closed an idle connection that a client may still reuse"

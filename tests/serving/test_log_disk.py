@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -60,3 +61,33 @@ def test_a_full_log_disk_is_said_once_and_the_lost_records_are_counted_in_the_lo
     written = sum(1 for line in text.splitlines() if line.endswith("." * 100))  # whole lines; a cut one is lost
     assert lost > 0 and written + lost == RECORDS  # every record is either in the file or counted as lost
     assert text.index("log disk was full") < text.index("after the disk was freed")
+
+
+def test_under_the_console_capture_the_notice_reaches_the_real_stderr_and_nothing_is_miscounted(app_logging, capfd):
+    """Under start_gradio.sh and systemd, sys.stderr is serving.console_log's stream, which logs what is written to
+    it: the handler's notice must go to the real stderr (the journal), not back into the failing handler as new
+    records (which it then counted as lost, about fifty deep)."""
+    from medgemma_xray.serving.console_log import capture_console
+
+    log_file = app_logging
+    logger = logging.getLogger("medgemma_xray.web.some_page")
+    saved = sys.stdout, sys.stderr
+    capture_console()
+    try:
+        logger.info("before the disk filled")
+        fill_disk(log_file.parent)
+        for index in range(RECORDS):
+            logger.warning("refused a question from %s (%d) %s", CLIENT_TEXT, index, "." * 100)
+        free_disk(log_file.parent)
+        logger.info("after the disk was freed")
+    finally:
+        sys.stdout, sys.stderr = saved
+        logging.captureWarnings(False)
+    said = capfd.readouterr().err
+    assert said.count("cannot write the log file") == 1, said[:2000]
+    text = log_file.read_text(errors="replace")
+    warning = next(line for line in text.splitlines() if "log disk was full" in line)
+    lost = int(re.search(r"(\d+) log records lost", warning).group(1))
+    written = sum(1 for line in text.splitlines() if line.endswith("." * 100))
+    assert written + lost == RECORDS, (written, lost)  # no record that was never logged is counted
+    assert "a library printed" not in text

@@ -24,6 +24,8 @@ class ConsoleToLog(io.TextIOBase):
     """A text stream for sys.stdout / sys.stderr. Whole lines are read; a traceback (from "Traceback (most recent
     call last):" to its exception line) becomes one record, any other line one record without its text."""
 
+    into_logging = True  # a log handler that reports its own failure on stderr must not write here
+
     def __init__(self, stream_name: str) -> None:
         super().__init__()
         self.stream_name = stream_name

@@ -80,5 +80,7 @@ class LogDiskHandler(logging.handlers.RotatingFileHandler):
     def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             stream = self._stderr or sys.stderr
+            if getattr(stream, "into_logging", False):  # serving.console_log's stream would log it back into here
+                stream = sys.__stderr__
             stream.write(line)
             stream.flush()

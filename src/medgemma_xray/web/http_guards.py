@@ -232,6 +232,9 @@ def _all_dicts(value) -> bool:
 # Routes this app never needs. process_recording turns a client's audio into a file per call (in /tmp, kept);
 # deep_link dumps any session's components to whoever knows its session hash.
 BLOCKED_ROUTES = ("/gradio_api/process_recording", "/gradio_api/deep_link")
+# Gradio's deprecated second file route serves what /gradio_api/file= serves; every URL this app hands out uses
+# file=, so the old form is closed rather than guarded twice (it passed by the owner and upload checks).
+BLOCKED_PREFIXES = ("/gradio_api/file/",)
 UPLOAD_ROUTE = "/gradio_api/upload"
 FILE_ROUTE = "/gradio_api/file="
 
@@ -239,7 +242,7 @@ FILE_ROUTE = "/gradio_api/file="
 class RouteGuard:
     """Routes Gradio serves that this app does not need, and limits on the upload route.
 
-    - Blocked routes answer 404.
+    - Blocked routes answer 404, and so does Gradio's deprecated /gradio_api/file/<path> form of the file route.
     - An upload is never served back (GET /gradio_api/file=<an upload>): Gradio serves it inline under the
       uploader's file name, which may be a patient's. Previews and report exports (the server's own files, under
       unguessable names) are still served.
@@ -256,7 +259,7 @@ class RouteGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if any(path.rstrip("/") == route for route in BLOCKED_ROUTES):
+        if any(path.rstrip("/") == route for route in BLOCKED_ROUTES) or path.startswith(BLOCKED_PREFIXES):
             return await _answer(send, 404, {"detail": "Not Found"})
         if path.startswith(FILE_ROUTE) and self.ledger.is_upload(_unquote(path[len(FILE_ROUTE) :])):
             return await _answer(send, 404, {"detail": "Not Found"})

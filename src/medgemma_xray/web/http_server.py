@@ -133,7 +133,8 @@ def guarded_uvicorn_config(app, settings: Settings):
         log_config=None,  # uvicorn's records go through our handler and its repeat limiter, not to the console
         access_log=False,  # URLs name files
         timeout_graceful_shutdown=3,
-        http=guarded_protocol(settings.header_timeout_s, book),  # h11 with the head timeout and the budget
+        # h11 with the head timeout and the budget
+        http=guarded_protocol(settings.header_timeout_s, book, keep_alive_s=settings.keep_alive_timeout_s),
         h11_max_incomplete_event_size=MAX_REQUEST_HEAD_BYTES,
         timeout_keep_alive=settings.keep_alive_timeout_s,
         # the hard ceiling: past MAX_CONNECTIONS only the probes are served, in PROBE_RESERVE more connections;

@@ -84,11 +84,13 @@ def raise_open_file_limit() -> tuple[int, int]:
     return soft, soft
 
 
-def guarded_protocol(header_timeout_s: float, book: ConnectionBook | None = None):
+def guarded_protocol(header_timeout_s: float, book: ConnectionBook | None = None, keep_alive_s: float = 0.0):
     """uvicorn's h11 protocol with two guards: the request-head timeout, and the connection budget.
 
-    Head timeout: a connection that has not sent a whole request head within header_timeout_s of connecting or of
-    its last response is closed. uvicorn times out only idle keep-alive connections (timeout_keep_alive), and only
+    Head timeout: a connection that has not sent a whole request head within header_timeout_s of connecting, or
+    within the longer of header_timeout_s and keep_alive_s of its last response, is closed (an idle kept-alive
+    connection lives as long as KEEP_ALIVE_TIMEOUT_S promises clients: closed earlier, a client's pool may reuse it
+    at the moment it closes). uvicorn times out only idle keep-alive connections (timeout_keep_alive), and only
     until the first byte of the next request: a client that connects and sends nothing, or dribbles a header a byte
     at a time (slowloris), holds its connection and its file for ever. Gunicorn and nginx bound this
     (client_header_timeout); this is that bound.
@@ -123,7 +125,7 @@ def guarded_protocol(header_timeout_s: float, book: ConnectionBook | None = None
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._arm()
+                self._arm(max(header_timeout_s, keep_alive_s))
 
         def connection_lost(self, exc) -> None:
             self._disarm()
@@ -132,9 +134,9 @@ def guarded_protocol(header_timeout_s: float, book: ConnectionBook | None = None
                 self._budget_address = None
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
+        def _arm(self, seconds: float = header_timeout_s) -> None:
             self._disarm()
-            self._header_timer = self.loop.call_later(header_timeout_s, self._expire)
+            self._header_timer = self.loop.call_later(seconds, self._expire)
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
