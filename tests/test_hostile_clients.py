@@ -86,9 +86,14 @@ def test_recording_and_deep_link_routes_are_gone(server):
     assert linked.status_code == 404
 
 
-def test_an_upload_is_never_served_back(server):
-    (stored,) = upload(server, ("ZZTESTPATIENT_SECRETNAME.png", b"\x89PNG not really")).json()
-    fetched = httpx.get(f"{server.url}/gradio_api/file={stored}")
+@pytest.mark.parametrize("name", ["ZZTESTPATIENT_SECRETNAME.png", "ZZ%41_SECRETNAME.png"])
+def test_an_upload_is_never_served_back(server, name):
+    """The second name carries a percent sign: its URL is the name percent-encoded once (%2541), which the server
+    decodes once; decoded twice, the guard looked for another file and let this one be served."""
+    from urllib.parse import quote
+
+    (stored,) = upload(server, (name, b"\x89PNG not really")).json()
+    fetched = httpx.get(f"{server.url}/gradio_api/file={quote(stored)}")
     assert fetched.status_code == 404
     assert "SECRETNAME" not in fetched.headers.get("content-disposition", "")
 

@@ -20,7 +20,6 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from urllib.parse import unquote
 
 COOKIE = "medgemma_client"
 FILE_ROUTE = "/gradio_api/file="
@@ -76,7 +75,8 @@ class FileOwnerGuard:
         cookie = _cookie(scope)
         owner = f"cookie:{cookie}" if cookie else f"address:{(scope.get('client') or ('?', 0))[0]}"
         path = scope.get("path", "")
-        if path.startswith(FILE_ROUTE) and not self.owners.may_fetch(unquote(path[len(FILE_ROUTE) :]), owner):
+        # scope["path"] is already percent-decoded (uvicorn), as Gradio's route reads it: never decode it again
+        if path.startswith(FILE_ROUTE) and not self.owners.may_fetch(path[len(FILE_ROUTE) :], owner):
             return await _not_found(send)
         new_cookie = None if cookie else secrets.token_urlsafe(24)
         watch = path.startswith("/gradio_api/") and not path.startswith(FILE_ROUTE)

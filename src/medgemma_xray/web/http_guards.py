@@ -261,14 +261,10 @@ class RouteGuard:
         path = scope.get("path", "")
         if any(path.rstrip("/") == route for route in BLOCKED_ROUTES) or path.startswith(BLOCKED_PREFIXES):
             return await _answer(send, 404, {"detail": "Not Found"})
-        if path.startswith(FILE_ROUTE) and self.ledger.is_upload(_unquote(path[len(FILE_ROUTE) :])):
+        # scope["path"] is already percent-decoded (uvicorn), as Gradio's route reads it: decoded again, a name
+        # with "%41" in it would be looked up as another file and served back
+        if path.startswith(FILE_ROUTE) and self.ledger.is_upload(path[len(FILE_ROUTE) :]):
             return await _answer(send, 404, {"detail": "Not Found"})
         if path.rstrip("/") == UPLOAD_ROUTE and scope.get("method") == "POST":
             return await self.upload(scope, receive, send, gradio=self.app)
         return await self.app(scope, receive, send)
-
-
-def _unquote(text: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(text)
