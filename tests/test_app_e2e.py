@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from pathlib import Path
 
@@ -63,7 +64,8 @@ def test_upload_dicom_ask_follow_up_and_report(demo_server, dicom_film):
     assert answer_text(chat[:2]) == first_answer  # the first exchange is kept in the conversation
     assert question_box == ""
 
-    assert "tokens** · " in first_answer and "confidence **" in first_answer  # the details line under the answer
+    # the folded details line under the answer leads with what a reader needs: the confidence, then time and tokens
+    assert re.search(r"<summary>confidence \d+% · [\d.]+ s · \d+ tokens</summary>", first_answer), first_answer
 
     report_job = client.submit(api_name="/report")
     report_updates = list(report_job)

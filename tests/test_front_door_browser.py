@@ -251,7 +251,9 @@ def test_axe_core_finds_no_critical_or_serious_rule(browser, paced, films, libra
     page.click("#teach-open")
     page.wait_for_selector(f"#teach-case-info :text('{title}')", timeout=120_000)
     page.wait_for_selector("#teach-view img", timeout=60_000)
-    found["/teaching with a case open"] = violations(page, script)
+    found["/teaching with a case open"] = violations(page, script)  # quiz mode: the questions locked till Reveal
+    page.click("#teach-quiz input")  # a discussion round: the questions open at once
+    page.wait_for_selector("#teach-question textarea:not([disabled])", timeout=60_000)
     page.fill("#teach-question textarea", "Is there an effusion?")
     page.click("#teach-ask")
     page.wait_for_function(

@@ -29,13 +29,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-import yaml
 from gradio_client import Client, handle_file
 
 from devtools.hostile_files import dicom_rle_bomb
 from medgemma_xray.film_check.negatives import negative_film
 from medgemma_xray.phantoms.films import chest_phantom, dicom_bytes, png_bytes, quantize
-from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, free_port, start_server
+from tests.conftest import ISOLATED_VARIABLES, REPO_ROOT, start_server
 from tests.scaleout.test_ray_serve import ServeApp
 
 pytestmark = pytest.mark.slow
@@ -273,45 +272,17 @@ def paced(tmp_path_factory, random_model_dir):
     assert "internal error" not in server.log_text, server.log_text[-3000:]
 
 
-class ConformanceServeApp(ServeApp):
-    """tests/scaleout/test_ray_serve.py's CPU demo app, with this suite's limits in the application's arguments."""
-
-    def __init__(self, folder: Path, model_dir: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = yaml.safe_load((REPO_ROOT / "deploy/ray/medgemma-cpu-demo.yaml").read_text())
-        config["http_options"]["port"] = self.port
-        # Unpaced (the replicas build their own backends), so Stop can land hundreds of tokens in, or after the
-        # answer ends: RAY_ANSWER keeps five whole answers inside the model's 4,096 tokens, so the 25-question case
-        # meets the turn limit, not the conversation's length, whenever Stop lands.
-        config["applications"][0]["args"].update(
-            model_path=str(model_dir), max_new_tokens=RAY_ANSWER, max_turns=MAX_TURNS
-        )
-        self.config = folder / "serve.yaml"
-        self.config.write_text(yaml.safe_dump(config))
-        self.log = folder / "serve.log"
-        env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_", "MODEL_PATH"))}
-        env.update(
-            PYTHONPATH=str(REPO_ROOT),
-            LOG_DIR=str(folder / "logs"),
-            RAY_USAGE_STATS_ENABLED="0",
-            RAY_DEDUP_LOGS="0",
-            PYTHONUNBUFFERED="1",
-        )
-        self.env = env
-        self.process = subprocess.Popen(
-            [str(Path(sys.executable).with_name("serve")), "run", str(self.config)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=open(self.log, "ab"),  # noqa: SIM115 (closed with the process)
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+def conformance_serve_app(folder: Path, model_dir: Path) -> ServeApp:
+    """tests/scaleout/test_ray_serve.py's CPU demo cluster, started as the docs say, with this suite's limits in the
+    application's arguments. Unpaced (the replicas build their own backends), so Stop can land hundreds of tokens
+    in, or after the answer ends: RAY_ANSWER keeps five whole answers inside the model's 4,096 tokens, so the
+    25-question case meets the turn limit, not the conversation's length, whenever Stop lands."""
+    return ServeApp(folder, model_dir, max_new_tokens=RAY_ANSWER, max_turns=MAX_TURNS)
 
 
 @pytest.fixture(scope="module")
 def ray_app(tmp_path_factory, random_model_dir):
-    app = ConformanceServeApp(tmp_path_factory.mktemp("conformance-ray"), random_model_dir)
+    app = conformance_serve_app(tmp_path_factory.mktemp("conformance-ray"), random_model_dir)
     try:
         app.wait_for_replicas(2)
         yield app

@@ -41,8 +41,9 @@ class ServeApp(RayCluster):
     it never stops early, so an answer runs to its limit and the replica killed after an answer's second token is
     still answering (the trained demo's short answers could end first)."""
 
-    def __init__(self, folder: Path, model_dir: Path) -> None:
-        super().__init__(folder, model_dir, replicas=2, extra_args={"max_new_tokens": ANSWER_LIMIT})
+    def __init__(self, folder: Path, model_dir: Path, **app_args) -> None:
+        """app_args: more of the application's arguments (settings in lower case), over max_new_tokens."""
+        super().__init__(folder, model_dir, replicas=2, extra_args={"max_new_tokens": ANSWER_LIMIT, **app_args})
         self.env = {**self.env, "RAY_ADDRESS": f"127.0.0.1:{self.gcs_port}"}
 
     def replicas(self) -> list[dict]:

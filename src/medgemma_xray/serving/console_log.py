@@ -79,3 +79,12 @@ def capture_console() -> None:
     logging.captureWarnings(True)
     sys.stdout = ConsoleToLog("stdout")
     sys.stderr = ConsoleToLog("stderr")
+
+
+def operator_stderr():
+    """Where the server's own words for the operator go (a start that cannot listen): the real stderr, which is
+    the journal under systemd and the terminal under --foreground, even while the console is captured."""
+    import sys
+
+    stream = sys.stderr
+    return sys.__stderr__ if getattr(stream, "into_logging", False) else stream

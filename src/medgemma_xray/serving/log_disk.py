@@ -79,8 +79,8 @@ class LogDiskHandler(logging.handlers.RotatingFileHandler):
 
     def _say(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            stream = self._stderr or sys.stderr
-            if getattr(stream, "into_logging", False):  # serving.console_log's stream would log it back into here
-                stream = sys.__stderr__
+            from medgemma_xray.serving.console_log import operator_stderr
+
+            stream = self._stderr or operator_stderr()  # never the captured console: it would log it back into here
             stream.write(line)
             stream.flush()

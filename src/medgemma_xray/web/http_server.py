@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         listener = reserve_port(settings.host, settings.port)
     except (PortInUseError, OSError) as exc:
         logger.error("cannot listen: %s", exc)
-        print(f"error: cannot listen: {exc}", file=sys.stderr)
+        from medgemma_xray.serving.console_log import operator_stderr
+
+        print(f"error: cannot listen: {exc}", file=operator_stderr())
         cache.close()
         return exit_codes.PORT_IN_USE if isinstance(exc, PortInUseError) else exit_codes.BAD_CONFIGURATION
     logger.info("starting (PID %d, instance %s)", os.getpid(), settings.instance_id)
