@@ -40,7 +40,8 @@ def file_paths(value) -> list:
     return found
 
 
-async def _answer(send, status: int, payload: dict, headers: tuple = ()) -> None:
+async def answer_json(send, status: int, payload, headers: tuple = ()) -> None:
+    """A whole JSON response from ASGI middleware (every guard of this edge answers this way)."""
     body = json.dumps(payload).encode()
     await send(
         {
@@ -91,7 +92,7 @@ class FileReferenceGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_JSON_BODY:
-                return await _answer(send, 413, {"detail": "The request is too large."})
+                return await answer_json(send, 413, {"detail": "The request is too large."})
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
@@ -100,19 +101,19 @@ class FileReferenceGuard:
             payload = json.loads(body) if body else None
         except RecursionError:  # JSON nested 100,000 deep: Python's parser gives up with a traceback
             logger.warning("refused a call whose JSON is nested too deeply (route %s)", _route_name(path))
-            return await _answer(send, 400, {"detail": TOO_DEEP_MESSAGE})
+            return await answer_json(send, 400, {"detail": TOO_DEEP_MESSAGE})
         except (ValueError, UnicodeDecodeError):
             payload = None  # Gradio answers malformed JSON itself
         if payload is not None and _depth_exceeds(payload, MAX_JSON_DEPTH):
             logger.warning("refused a call whose JSON is nested too deeply (route %s)", _route_name(path))
-            return await _answer(send, 400, {"detail": TOO_DEEP_MESSAGE})
+            return await answer_json(send, 400, {"detail": TOO_DEEP_MESSAGE})
         problem = self.calls.problem(path, payload) if self.calls is not None else None
         if problem is not None:
             logger.warning("refused a malformed call (route %s): %s", _route_name(path), problem.kind)
-            return await _answer(send, 400, {"detail": problem.message})
+            return await answer_json(send, 400, {"detail": problem.message})
         if any(not self._uploaded(named) for named in file_paths(payload)):
             logger.warning("refused a call naming a file that was not uploaded (route %s)", _route_name(path))
-            return await _answer(send, 403, {"detail": FORGED_PATH_MESSAGE})
+            return await answer_json(send, 403, {"detail": FORGED_PATH_MESSAGE})
 
         delivered = False
 
@@ -153,7 +154,7 @@ class PoliteBusyQueue:
             if message.get("more_body"):
                 return
             if b"Queue is full" in held["body"]:
-                return await _answer(
+                return await answer_json(
                     send, 503, {"detail": BUSY_MESSAGE}, ((b"retry-after", str(RETRY_AFTER_S).encode()),)
                 )
             await send(held["start"])
@@ -260,11 +261,11 @@ class RouteGuard:
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
         if any(path.rstrip("/") == route for route in BLOCKED_ROUTES) or path.startswith(BLOCKED_PREFIXES):
-            return await _answer(send, 404, {"detail": "Not Found"})
+            return await answer_json(send, 404, {"detail": "Not Found"})
         # scope["path"] is already percent-decoded (uvicorn), as Gradio's route reads it: decoded again, a name
         # with "%41" in it would be looked up as another file and served back
         if path.startswith(FILE_ROUTE) and self.ledger.is_upload(path[len(FILE_ROUTE) :]):
-            return await _answer(send, 404, {"detail": "Not Found"})
+            return await answer_json(send, 404, {"detail": "Not Found"})
         if path.rstrip("/") == UPLOAD_ROUTE and scope.get("method") == "POST":
             return await self.upload(scope, receive, send, gradio=self.app)
         return await self.app(scope, receive, send)

@@ -14,11 +14,12 @@ ledger (deleted after UPLOAD_MAX_AGE_S unless read first) and in the Blocks' upl
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from medgemma_xray.web.http_guards import answer_json
 
 if TYPE_CHECKING:
     from medgemma_xray.web.upload_cache import UploadLedger
@@ -95,7 +96,7 @@ class UploadRoute:
         self.ledger.record([str(path) for path in stored], reserved=parser.reserved)
         parser.reserved = 0
         self.uploaded.update(str(path) for path in stored)
-        return await _answer_json(send, 200, [str(path) for path in stored])
+        return await answer_json(send, 200, [str(path) for path in stored])
 
     def _place(self, form) -> list[Path]:
         """Each file under <folder>/<sha256>/<name>, as Gradio's own route stores it."""
@@ -215,16 +216,4 @@ def _declared_length(value: str | None) -> int | None:
 
 
 async def _answer(send, status: int, message: str, headers: tuple = ()) -> None:
-    await _answer_json(send, status, {"detail": message}, headers)
-
-
-async def _answer_json(send, status: int, payload: Any, headers: tuple = ()) -> None:
-    body = json.dumps(payload).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await answer_json(send, status, {"detail": message}, headers)
