@@ -180,8 +180,9 @@ def _quantize_qdq(
 def _autocast(graph: str, source: Path, target: Path, precision: str, calibration) -> None:
     """AutoCast with norms, softmax and lm_head pinned to fp32, its data rule fed the calibration activations."""
     import numpy as np
-    import onnx
     from modelopt.onnx.autocast import convert_to_mixed_precision
+
+    from medgemma_xray.engine_build.weight_only import save_graph
 
     with tempfile.TemporaryDirectory(prefix="autocast-", dir=target.parent) as scratch:
         calibration_dir = None
@@ -199,17 +200,7 @@ def _autocast(graph: str, source: Path, target: Path, precision: str, calibratio
             calibration_data=str(calibration_dir) if calibration_dir else None,
             providers=["cpu"],
         )
-    if _is_large(source):
-        onnx.save_model(
-            model,
-            str(target),
-            save_as_external_data=True,
-            all_tensors_to_one_file=True,
-            location=f"{target.name}.data",
-            size_threshold=1024,
-        )
-    else:
-        onnx.save(model, str(target))
+    save_graph(model, target, large=_is_large(source))
 
 
 def _calibration_batches(calibration) -> list[dict]:
