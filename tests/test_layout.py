@@ -23,6 +23,7 @@ LAYERS: dict[str, int] = {
     f"{NAMESPACE}.engine_bundle": 0,  # each name shared by build and runtime, once
     f"{NAMESPACE}.inference_api": 1,  # the backend contract
     f"{NAMESPACE}.xray_io": 1,  # bytes to a radiograph
+    f"{NAMESPACE}.grounding": 1,  # boxes in MedGemma 1.5's format, and the prompts that ask for them
     f"{NAMESPACE}.phantoms": 2,
     f"{NAMESPACE}.pytorch_backend": 2,
     f"{NAMESPACE}.trt_inference": 2,
