@@ -90,7 +90,13 @@ class TorchInference(InferenceBackend):
         )
         text = text.replace(processor.boi_token, processor.full_image_sequence)
         ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return Prompt(ids=list(ids), image=request.image, image_key=request.image_key)
+        return Prompt(
+            ids=list(ids),
+            image=request.image,
+            image_key=request.image_key,
+            prior=request.prior_image,
+            prior_key=request.prior_image_key,
+        )
 
     def pixel_values(self, images: list):
         pixels = self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
@@ -130,7 +136,11 @@ class TorchInference(InferenceBackend):
         if bool(is_image.any()):
             if start > 0 and prompt.ids[start - 1] == self.image_token_id:
                 raise RuntimeError("prefill chunk starts inside an image")  # the contract never cuts there
-            inputs["pixel_values"] = self.pixel_values([prompt.image])
+            # The films whose image tokens this chunk holds (a prior's come first): the processor's pixels of
+            # exactly those, in order, as transformers places one film's features per run of image tokens.
+            before = _image_runs(prompt.ids[:start], self.image_token_id)
+            inside = _image_runs(prompt.ids[start:end], self.image_token_id)
+            inputs["pixel_values"] = self.pixel_values(prompt.images[before : before + inside])
             inputs["token_type_ids"] = is_image.long()
         with torch.inference_mode():
             output = self.model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=1)
@@ -179,6 +189,16 @@ class TorchInference(InferenceBackend):
         del self.model
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()
+
+
+def _image_runs(ids: list[int], image_token_id: int) -> int:
+    """How many runs of image tokens (films) `ids` holds."""
+    runs, previous = 0, False
+    for token in ids:
+        current = token == image_token_id
+        runs += current and not previous
+        previous = current
+    return runs
 
 
 def _greedy(torch, logits) -> list[TokenStep]:
