@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from medgemma_xray.engine_bundle.checkpoint_profile import (  # noqa: F401  (the capability names, re-exported)
+    CAPABILITIES,
+    LOCALISATION,
+    LONGITUDINAL,
+)
 from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE
 from medgemma_xray.inference_api.errors import RequestError
 
@@ -13,9 +18,6 @@ SYSTEM_PROMPT = "You are an expert radiologist."
 DEFAULT_MAX_NEW_TOKENS = 300  # what Google's MedGemma examples use for image questions
 MAX_MAX_NEW_TOKENS = 2048
 FinishReason = Literal["stop", "length", "cancelled"]
-LOCALISATION = "localisation"  # the checkpoint answers "Where?" with boxes (MedGemma 1.5's box_2d format)
-LONGITUDINAL = "longitudinal"  # the checkpoint compares a prior film with the current one
-CAPABILITIES = frozenset({LOCALISATION, LONGITUDINAL})
 
 
 class Mode(StrEnum):

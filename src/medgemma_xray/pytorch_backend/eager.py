@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from medgemma_xray.engine_bundle.checkpoint_profile import checkpoint_profile
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from medgemma_xray.inference_api.chat import chat_messages
 from medgemma_xray.inference_api.contract import (
@@ -36,9 +37,11 @@ class TorchInference(InferenceBackend):
         device: str = "auto",
         max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         preloaded: tuple | None = None,
+        checkpoint: str = "auto",
     ) -> None:
         """preloaded: (model, processor) already in memory, e.g. the benchmark's full-size random-weight model;
-        model_path then only names it."""
+        model_path then only names it. checkpoint: MODEL_CHECKPOINT (which checkpoint this is, where its files do
+        not say: engine_bundle/checkpoint_profile)."""
         super().__init__(max_resident_conversations)
         import torch
 
@@ -48,7 +51,7 @@ class TorchInference(InferenceBackend):
         if preloaded is None:
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
-            self.checkpoint = describe_checkpoint(self.model_path)
+            self.checkpoint = describe_checkpoint(self.model_path, checkpoint)
             if device == "auto":
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             self.device = torch.device(device)
@@ -61,7 +64,8 @@ class TorchInference(InferenceBackend):
             self.model, self.processor = preloaded
             parameter = next(self.model.parameters())
             self.device, self.dtype = parameter.device, parameter.dtype
-            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), is_demo=False)
+            profile = checkpoint_profile(self.model_path, checkpoint)  # the benchmark names what it stands for
+            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), False, None, profile)
         self.load_s = time.perf_counter() - started
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
@@ -182,7 +186,13 @@ class TorchInference(InferenceBackend):
             model_id=self.checkpoint.model_id,
             is_demo=self.checkpoint.is_demo,
             demo_notice=self.checkpoint.demo_notice,
-            details={"model_path": str(self.model_path), "load_s": round(self.load_s, 2)},
+            capabilities=self.checkpoint.profile.capabilities,
+            checkpoint_kind=self.checkpoint.profile.kind,
+            details={
+                "model_path": str(self.model_path),
+                "load_s": round(self.load_s, 2),
+                "checkpoint_recognised_by": self.checkpoint.profile.source,
+            },
         )
 
     def _close_impl(self) -> None:

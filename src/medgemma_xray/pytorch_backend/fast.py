@@ -62,6 +62,7 @@ class FastTorchInference(TorchInference):
         prefill_buckets: tuple[int, ...] | None = None,
         vision_graph: bool | None = None,
         pixel_cache_films: int = DEFAULT_PIXEL_CACHE_FILMS,
+        checkpoint: str = "auto",
     ) -> None:
         """The first-token and overlap options (None: on where CUDA graphs are, off elsewhere):
         prefill_buckets: prompt sizes a new conversation's prefill is padded to and, with CUDA graphs, replayed as
@@ -69,7 +70,7 @@ class FastTorchInference(TorchInference):
         vision tower captured as a CUDA graph for one film; pixel_cache_films: preprocessed films kept by content
         hash (preprocess_film)."""
         self.weights = weights
-        super().__init__(model_path, device, max_resident_conversations, preloaded)
+        super().__init__(model_path, device, max_resident_conversations, preloaded, checkpoint)
         from medgemma_xray.pytorch_backend.paged_decoder import PagedGemmaDecoder
 
         on_cuda = self.device.type == "cuda"
