@@ -191,7 +191,13 @@ class TRTInference(InferenceBackend):
         return self.text.encode_chat(chat_messages(request, image_placeholder="<image>"))
 
     def _encode_impl(self, request: GenerationRequest) -> Prompt:
-        return Prompt(ids=self.prompt_ids(request)[0].tolist(), image=request.image, image_key=request.image_key)
+        return Prompt(
+            ids=self.prompt_ids(request)[0].tolist(),
+            image=request.image,
+            image_key=request.image_key,
+            prior=request.prior_image,
+            prior_key=request.prior_image_key,
+        )
 
     def _detokenize_impl(self, ids: list[int]) -> str:
         return self.text.decode(ids)
@@ -231,9 +237,11 @@ class TRTInference(InferenceBackend):
         embeds = self.executor.embed(chunk)
         image_rows = np.flatnonzero(chunk[0] == self.text.image_token_id)
         if image_rows.size:
-            offset = int(np.flatnonzero(ids[0] == self.text.image_token_id)[0])
+            # The i-th image token of the prompt takes feature row i: the films' rows in prompt order (a prior's
+            # first), the vision graph run once per film (the contract's _prepare_images).
+            first = int(np.count_nonzero(ids[0, :start] == self.text.image_token_id))
             features = prompt.features.reshape(-1, prompt.features.shape[-1])
-            embeds[0, image_rows] = features[start + image_rows - offset]
+            embeds[0, image_rows] = features[first : first + image_rows.size]
         blocks = image_block_ids((ids == self.text.image_token_id).astype(np.int64))[:, :end]
         positions = np.arange(start, end, dtype=np.int64)[None]
         key_positions = np.concatenate([[-1], np.arange(end)])[None]
