@@ -129,15 +129,21 @@ def progression_pair(seed: int, kind: str | None = None, rows: int = 512) -> Pro
     patient (geometry seed = `seed`, width drawn from it), and the changes from the prior to the current film."""
     from medgemma_xray.phantoms.labelled import draw_film, expose
 
-    rng = np.random.default_rng([seed, 0x9A12])
-    drawn_kind = str(rng.choice(PAIR_KINDS, p=PAIR_WEIGHTS))
-    kind = drawn_kind if kind is None else kind
-    prior_labels, current_labels, changes = _labels_pair(sample_labels(seed), kind, rng)
+    kind, prior_labels, current_labels, changes = pair_labels(seed, kind)
     prior = expose(draw_film(seed, rows, None, prior_labels), prior_labels)
     drawn = draw_film(seed, rows, None, current_labels)
     # Another day, another exposure: the current film's noise and contrast come from their own stream.
     current = expose(dataclasses.replace(drawn, rng=np.random.default_rng([seed, 0xF11, 0xDA7])), current_labels)
     return ProgressionPair(seed, kind, prior, current, changes)
+
+
+def pair_labels(seed: int, kind: str | None = None):
+    """(kind, prior labels, current labels, changes) of progression_pair(seed, kind), without drawing the films."""
+    rng = np.random.default_rng([seed, 0x9A12])
+    drawn_kind = str(rng.choice(PAIR_KINDS, p=PAIR_WEIGHTS))
+    kind = drawn_kind if kind is None else kind
+    prior, current, changes = _labels_pair(sample_labels(seed), kind, rng)
+    return kind, prior, current, changes
 
 
 def pair_kind(seed: int) -> str:
