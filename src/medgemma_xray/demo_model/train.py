@@ -363,16 +363,17 @@ def train(args: argparse.Namespace) -> dict:
         window.append((float(loss.detach()), float(auxiliary.detach()), float(boxes.detach()), task_losses))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             tasks = sorted({task for w in window for task in w[3]})
+            task_loss = {
+                task: sum(w[3][task] for w in window if task in w[3]) / sum(1 for w in window if task in w[3])
+                for task in tasks
+            }
             curve.append(
                 {
                     "step": step + 1,
                     "loss": sum(w[0] for w in window) / len(window),
                     "aux_loss": sum(w[1] for w in window) / len(window),
                     "box_loss": sum(w[2] for w in window) / len(window),
-                    "task_loss": {
-                        task: sum(w[3][task] for w in window if task in w[3]) / sum(1 for w in window if task in w[3])
-                        for task in tasks
-                    },
+                    "task_loss": task_loss,
                     "elapsed_s": round(time.perf_counter() - started, 1),
                 }
             )
@@ -384,7 +385,7 @@ def train(args: argparse.Namespace) -> dict:
                 curve[-1]["loss"],
                 curve[-1]["aux_loss"],
                 curve[-1]["box_loss"],
-                {task: round(value, 4) for task, value in curve[-1]["task_loss"].items()},
+                {task: round(value, 4) for task, value in task_loss.items()},
                 curve[-1]["elapsed_s"],
             )
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
