@@ -62,7 +62,8 @@ def test_a_successful_build_logs_no_error_and_a_self_consistent_profile(int8_bun
     log = (int8_bundle.parent / "build.log").read_text()
     assert " ERROR " not in log and "Error Code" not in log  # ModelOpt's NVML probe, TensorRT-RTX's timing cache
     assert "not self-consistent" not in log
-    assert "ModelOpt calibrates on the CPU" in log
+    # The default INT8 is weight-only in both graphs: ModelOpt is not run, and the log does not say it is.
+    assert "quantize to int8: weight-only INT8" in log and "quantize to int8 with ModelOpt" not in log
 
 
 def test_the_decoder_profile_satisfies_past_plus_new_equals_total():
@@ -86,14 +87,20 @@ def test_the_decoder_profile_satisfies_past_plus_new_equals_total():
 
 
 def test_graphs_carry_explicit_qdq(int8_bundle):
-    """Vision: W8A8 (Q/DQ on activations and weights). Decoder: weight-only INT8, a DequantizeLinear of a constant
-    int8 weight into each of the seven projections per layer, no QuantizeLinear (activations stay fp32), and
-    lm_head, the norms and attention untouched."""
+    """Vision and decoder: weight-only INT8, a DequantizeLinear of a constant int8 weight into each projection
+    (SigLIP's six per layer, the decoder's seven), no QuantizeLinear (activations stay fp32), and lm_head, the
+    norms and attention untouched."""
     import onnx
+
+    from medgemma_xray.engine_build.weight_only import VISION_PROJECTION_PATTERN
 
     vision = onnx.load(str(int8_bundle / "onnx" / "int8" / "vision.onnx"))
     ops = [node.op_type for node in vision.graph.node]
-    assert ops.count("QuantizeLinear") >= 8 and ops.count("DequantizeLinear") >= 8
+    projections = [n for n in vision.graph.node if n.op_type == "MatMul" and VISION_PROJECTION_PATTERN.match(n.name)]
+    dequantized = {out for n in vision.graph.node if n.op_type == "DequantizeLinear" for out in n.output}
+    assert ops.count("QuantizeLinear") == 0 and len(projections) >= 6
+    assert ops.count("DequantizeLinear") == len(projections)
+    assert all(node.input[1] in dequantized for node in projections)
     decoder = onnx.load(str(int8_bundle / "onnx" / "int8" / "decoder.onnx"))
     layers = json.loads((int8_bundle / "manifest.json").read_text())["shapes"]["layers"]
     constants = {init.name: init for init in decoder.graph.initializer}

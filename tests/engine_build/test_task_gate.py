@@ -59,15 +59,17 @@ def test_the_int8_bundle_of_the_trained_model_passes_the_f1_gate(trained_int8):
         assert f"F1 gate, {name}: 100%" in stderr and f"{TASK_PHANTOMS}/{TASK_PHANTOMS}" in stderr
 
 
-def zero_projector_scales(path):
-    """The image projector's weight scales set to zero: the language model no longer sees the film."""
+def zero_vision_scales(path):
+    """Every INT8 weight scale of the vision graph set to zero (a quantiser that lost its scales): SigLIP's
+    projections then output only their biases, and the language model no longer sees the film."""
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path))
-    hits = [i for i in model.graph.initializer if i.name.endswith("mm_input_projection_weight_scale")]
-    assert len(hits) == 1, [i.name for i in model.graph.initializer if i.name.endswith("_scale")]
-    hits[0].CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(hits[0])), hits[0].name))
+    hits = [i for i in model.graph.initializer if i.name.endswith("/weight_int8/scale")]
+    assert hits, [i.name for i in model.graph.initializer if i.name.endswith("scale")]
+    for hit in hits:
+        hit.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(hit)), hit.name))
     onnx.save(model, str(path))
 
 
@@ -86,7 +88,7 @@ def test_a_broken_quantisation_is_refused_on_macro_f1_and_the_bundle_left_alone(
     def quantize_then_break(graph, source, target, *args, **kwargs):
         real_quantize(graph, source, target, *args, **kwargs)
         if graph == "vision":
-            zero_projector_scales(target)
+            zero_vision_scales(target)
         return target
 
     monkeypatch.setattr(medgemma_xray.engine_build.quantize, "quantize_graph", quantize_then_break)

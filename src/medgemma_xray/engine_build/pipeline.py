@@ -395,6 +395,11 @@ def _quantize_title(precision: str) -> str:
         return "no quantization: fp32 serves the exported graphs"
     if precision in ("fp16", "bf16"):
         return f"cast to {precision} with ModelOpt AutoCast"
+    if precision == "int8":
+        return (
+            "quantize to int8: weight-only INT8 on the vision and decoder projections "
+            "(ModelOpt's W8A8 only on layers --int8_w8a8_layers names)"
+        )
     return f"quantize to {precision} with ModelOpt"
 
 
@@ -431,7 +436,8 @@ def _int8_recipe(options) -> dict:
     """What INT8 means in this bundle, graph by graph (medgemma_xray.engine_build.quantize says why)."""
     w8a8 = list(options.int8_w8a8_layers)
     return {
-        "vision": "W8A8: ModelOpt Q/DQ, per-channel weights, calibrated per-tensor activations",
+        "vision": "weight-only INT8 (W8A16): per-output-channel symmetric weights on SigLIP's projections, fp32 "
+        "activations",
         "decoder": "weight-only INT8 (W8A16): per-output-channel symmetric weights behind DequantizeLinear, fp32 "
         "activations" + (f"; W8A8 (ModelOpt) on {', '.join(w8a8)}" if w8a8 else ""),
         "decoder_w8a8_layers": w8a8,

@@ -24,6 +24,9 @@ import numpy as np
 INT8_MAX = 127
 # The projections of a transformer layer, as torch's exporter names their MatMuls (/layers.3/mlp/up_proj/MatMul).
 PROJECTION_PATTERN = re.compile(r".*/(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)/MatMul$")
+# SigLIP's (the vision graph): attention's q/k/v/out projections and the MLP's fc1/fc2
+# (/vision_tower/vision_model/encoder/layers.0/mlp/fc1/MatMul).
+VISION_PROJECTION_PATTERN = re.compile(r".*/(q_proj|k_proj|v_proj|out_proj|fc1|fc2)/MatMul$")
 
 
 def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -35,13 +38,13 @@ def quantize_weight(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return quantized, scale
 
 
-def projection_nodes(model) -> list[str]:
+def projection_nodes(model, pattern: re.Pattern = PROJECTION_PATTERN) -> list[str]:
     """Names of the graph's projection MatMuls whose weight is a constant (the candidates for INT8 weights)."""
     constants = {initializer.name for initializer in model.graph.initializer}
     return [
         node.name
         for node in model.graph.node
-        if node.op_type == "MatMul" and PROJECTION_PATTERN.match(node.name) and node.input[1] in constants
+        if node.op_type == "MatMul" and pattern.match(node.name) and node.input[1] in constants
     ]
 
 
