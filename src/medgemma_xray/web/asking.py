@@ -192,6 +192,17 @@ class Asking:
         check_turns(request, self.limits)
         self._check_length(request)
 
+    def check_template(self, request: GenerationRequest, typed: str) -> None:
+        """A door's own prompt around a few words the user typed (the localisation prompt around a finding's
+        name): the typed words keep every rule of a question; the whole prompt, which the server wrote and may be
+        longer than MAX_PROMPT_TOKENS allows one question, must fit the sequence with its answer."""
+        from dataclasses import replace
+
+        from medgemma_xray.inference_api.types import ChatTurn
+
+        check_turns(replace(request, turns=(ChatTurn("user", typed),)), self.limits)
+        self._check_length(request)
+
     def _check_length(self, request: GenerationRequest) -> None:
         limits = self.limits
         budget = limits.max_sequence - request.max_new_tokens
