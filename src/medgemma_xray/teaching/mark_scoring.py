@@ -8,8 +8,10 @@ For each finding that the key has or the marks claim:
   (their centre left or right of the film's midline) equals the key's. The key's sides come from its regions, or,
   for a teacher's key without regions, from its labels (effusion, pneumothorax, pacemaker side; a lobe's side).
   Not scored where the key gives the finding no side (cardiomegaly, a tube on the midline) or it is not claimed;
-- zone: the set of zones the marks' centres fall in (ZONE_BANDS of the film's rows) equals the zones of the key's
-  regions; scored only where the key's regions have zones;
+- zone: the set of zones the marks fall in equals the zones of the key's regions; a mark whose centre lies inside
+  a key region of its finding (grown by POINT_MARGIN) is in that region's zone (a pneumothorax's region spans the
+  lung's height, its zone is "upper"), any other in the band of ZONE_BANDS its centre falls in. Scored only where
+  the key's regions have zones;
 - overlap: every key region is hit by a mark of the finding: a box at IoU >= IOU_HIT, or a point inside the
   region grown by POINT_MARGIN of the film on every side. Needs key regions (phantoms); otherwise not scored.
 
@@ -29,12 +31,15 @@ from medgemma_xray.teaching.marks import Mark, shown_name
 
 IOU_HIT = 0.3
 POINT_MARGIN = 0.05  # of the film's height (rows) and width (columns)
-ZONE_BANDS = (0.35, 0.55)  # film-row fractions: upper above the first, lower below the second, middle between
+# Film-row fractions: upper above the first, lower below the second, middle between (the phantoms' lobes: an
+# upper-lobe opacity's centre lies at 24-39 % of the film's height, middle 42-53 %, lower 50-63 %).
+ZONE_BANDS = (0.41, 0.51)
 TOLERANCES_TEXT = (
     f"Overlap counts at IoU >= {IOU_HIT:g} for a box; a point counts inside the key region grown by "
     f"{POINT_MARGIN:.0%} of the film on each side. Side: the patient's (your mark's centre left or right of the "
-    f"midline; the patient's right is on the viewer's left). Zone: the mark's centre in the upper (above "
-    f"{ZONE_BANDS[0]:.0%} of the film's height), middle or lower (below {ZONE_BANDS[1]:.0%}) band."
+    f"midline; the patient's right is on the viewer's left). Zone: the key region's zone where your mark's centre "
+    f"lies inside that region, else the band of the film's height it lies in: upper above {ZONE_BANDS[0]:.0%}, "
+    f"lower below {ZONE_BANDS[1]:.0%}, middle between."
 )
 
 
@@ -92,21 +97,31 @@ def side_of(mark: Mark) -> str:
 
 
 def zone_of(y: float) -> str:
+    """The band of the film's height a point at row fraction y lies in."""
     if y < ZONE_BANDS[0]:
         return "upper"
     return "middle" if y < ZONE_BANDS[1] else "lower"
+
+
+def mark_zone(mark: Mark, regions: Sequence[KeyRegion]) -> str:
+    """The zone of a mark: that of the first zoned region of its finding its centre lies in, else its band."""
+    y, x = mark.centre
+    for region in regions:
+        if region.zone and _inside(y, x, region.box):
+            return region.zone
+    return zone_of(y)
+
+
+def _inside(y: float, x: float, box: FilmBox) -> bool:
+    """Inside the box grown by POINT_MARGIN on every side."""
+    return box.y0 - POINT_MARGIN <= y <= box.y1 + POINT_MARGIN and box.x0 - POINT_MARGIN <= x <= box.x1 + POINT_MARGIN
 
 
 def hits(mark: Mark, region: FilmBox) -> tuple[bool, float | None]:
     """(hit, IoU for a box / None for a point) of one mark on one key region."""
     box = mark.film_box()
     if box is None:
-        y, x = mark.y0, mark.x0
-        inside = (
-            region.y0 - POINT_MARGIN <= y <= region.y1 + POINT_MARGIN
-            and region.x0 - POINT_MARGIN <= x <= region.x1 + POINT_MARGIN
-        )
-        return inside, None
+        return _inside(mark.y0, mark.x0, region), None
     overlap = iou(box, region)
     return overlap >= IOU_HIT - 1e-12, overlap
 
@@ -153,7 +168,7 @@ def _score_one(
         else Check("not scored (no side)", _words(marked_sides), None)
     )
     key_zones = frozenset(r.zone for r in own if r.zone)
-    marked_zones = {zone_of(m.centre[0]) for m in marks}
+    marked_zones = {mark_zone(m, own) for m in marks}
     zone = Check(_words(key_zones), _words(marked_zones), marked_zones == key_zones) if key_zones else not_scored
     if not own:
         overlap = Check("not scored (no key region)", "", None)

@@ -61,6 +61,8 @@ class Mark:
     def box(cls, finding: str, first: tuple[float, float], second: tuple[float, float]) -> Mark:
         """A box from two opposite corners (y, x) in any order."""
         (ya, xa), (yb, xb) = ((_clip(y), _clip(x)) for y, x in (first, second))
+        if ya == yb or xa == xb:  # else two clicks on one spot would make a point, not the box asked for
+            raise ValueError("A box needs a height and a width: click its two opposite corners apart.")
         return cls(finding, min(ya, yb), min(xa, xb), max(ya, yb), max(xa, xb))
 
     @property
