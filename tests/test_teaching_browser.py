@@ -616,3 +616,128 @@ def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, tmp_path_facto
         server.stop()
     assert completed == 0, "a report ran to its end although Stop was pressed"
     assert "Model score" not in score, f"a stopped report was scored: {score!r}"
+
+
+# --- pointing (web.teaching_marks) ------------------------------------------------------------------------------------
+def _colour_count(pixels: np.ndarray, colour: tuple[int, int, int]) -> int:
+    return int((pixels == np.array(colour, dtype=pixels.dtype)).all(axis=-1).sum())
+
+
+def _view_rgb(page) -> np.ndarray:
+    from PIL import Image
+
+    body = page.request.get(page.get_attribute("#teach-view img", "src")).body()
+    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"), dtype=np.int16)
+
+
+def _checkpoint_localises(model_dir: Path) -> bool:
+    import json
+
+    profile = json.loads((model_dir / "demo_checkpoint.json").read_text())
+    return "localisation" in profile.get("capabilities", [])
+
+
+AXE_SCOPE = ["#teach-tools", "#teach-overlays", "#teach-legend", "#teach-where-note", "#teach-mark-score"]
+
+
+def _axe_on(page, selectors: list[str]) -> list[dict]:
+    try:
+        import axe_playwright_python as axe  # ships axe-core's axe.min.js (pinned in constraints.txt)
+    except ImportError:
+        pytest.fail("axe-core is not installed; run scripts/setup_env.sh --dev (the dev extra)")
+    page.add_script_tag(content=(Path(axe.__file__).parent / "axe.min.js").read_text())
+    result = page.evaluate(
+        "async (s) => await axe.run({include: s.map((x) => [x])}, {resultTypes: ['violations']})", selectors
+    )
+    return [
+        {"id": v["id"], "impact": v["impact"], "targets": [node["target"] for node in v["nodes"]][:5]}
+        for v in result["violations"]
+        if v["impact"] in ("critical", "serious")
+    ]
+
+
+def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
+    browser, teaching_server, library_folder, demo_model_dir
+):
+    """The student boxes the key's pleural effusion with the Mark tool (two clicks) before Reveal; after it the key
+    region (sky blue) joins the student's box (orange) on the film, each switchable, and the pointing score shows
+    the effusion scored on presence, side, zone and overlap with the tolerances. The model's boxes: drawn or a
+    notice when the checkpoint localises; otherwise Where? is off and the page says this checkpoint does not."""
+    import pydicom
+
+    from medgemma_xray.phantoms.regions import finding_regions
+    from medgemma_xray.teaching.mark_scoring import score_marks, summary
+    from medgemma_xray.teaching.marks import Mark
+    from medgemma_xray.teaching.overlays import COLOURS
+
+    cases = load_library(library_folder).cases
+    case = next(c for c in cases if c.key.present("pleural_effusion") and c.film_path.suffix == ".dcm")
+    dataset = pydicom.dcmread(case.film_path, stop_before_pixels=True)
+    shape = (int(dataset.Rows), int(dataset.Columns))
+    region = next(r for r in finding_regions(case.key, *shape) if r.finding == "pleural_effusion")
+    page = _open_page(browser, teaching_server.url)
+    _open_case(page, case.title)
+    localising = _checkpoint_localises(demo_model_dir)
+    if not localising:
+        assert page.locator("#teach-where").is_disabled()
+        assert "does not localise findings" in page.inner_text("#teach-where-note")
+        assert "MedGemma 1.5" in page.inner_text("#teach-where-note")
+    _press(page, "k")
+    page.wait_for_selector("#teach-measure :text('Mark:')", timeout=30_000)
+    _choose(page, "teach-mark-finding", "pleural effusion")
+    before = _view_rgb(page)
+    # Two opposite corners of the key's box, a little inside it (film pixels, row then column).
+    top_left = (region.box.y0 * shape[0] + 2, region.box.x0 * shape[1] + 2)
+    bottom_right = (region.box.y1 * shape[0] - 2, region.box.x1 * shape[1] - 2)
+    _click_and_wait(page, _screen_point(page, *top_left, shape), "First corner placed")
+    page.mouse.click(*_screen_point(page, *bottom_right, shape))
+    page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Your marks')")
+    assert (
+        "pleural effusion: box" in page.inner_text("#teach-mark-list") or page.locator("#teach-mark-list input").count()
+    )
+    marked = _view_rgb(page)
+    assert _colour_count(before, COLOURS["student"]) == 0 and _colour_count(marked, COLOURS["student"]) > 100
+    assert _colour_count(marked, COLOURS["key"]) == 0, "the key's region showed before the reveal"
+
+    page.click("#teach-reveal")
+    page.wait_for_selector("#teach-mark-score :text('Pointing score')", timeout=300_000)
+    if localising:  # the model is asked Where? for each of the key's findings: boxes or a notice per finding
+        page.wait_for_function(
+            "() => !document.querySelector('#teach-where-note').innerText.includes('Asking the model')",
+            timeout=300_000,
+        )
+    page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Key region')")
+    revealed = _view_rgb(page)
+    score_text = page.inner_text("#teach-mark-score")
+    legend = page.inner_text("#teach-legend")
+    page.screenshot(path=str(ARTIFACTS / "teaching_pointing_revealed.png"), full_page=True)
+    page.locator("#teach-view").screenshot(path=str(ARTIFACTS / "teaching_pointing_view.png"))
+    violations = _axe_on(page, AXE_SCOPE)
+
+    before_toggle = page.get_attribute("#teach-view img", "src")
+    page.locator("#teach-overlays").get_by_label("Key region").uncheck()
+    _wait_new_view(page, before_toggle)
+    without_key = _view_rgb(page)
+    note = page.inner_text("#teach-where-note")
+    page.close()
+
+    assert _colour_count(revealed, COLOURS["key"]) > 100 and _colour_count(revealed, COLOURS["student"]) > 100
+    assert _colour_count(without_key, COLOURS["key"]) == 0 and _colour_count(without_key, COLOURS["student"]) > 100
+    # The page's score is the one the marks drawn give (the clicks land within a view pixel of the corners).
+    drawn = Mark.box(
+        "pleural_effusion",
+        ((top_left[0] + 0.5) / shape[0], (top_left[1] + 0.5) / shape[1]),
+        ((bottom_right[0] + 0.5) / shape[0], (bottom_right[1] + 0.5) / shape[1]),
+    )
+    expected = score_marks([drawn], case.key, finding_regions(case.key, *shape))
+    assert f"you {summary(expected)}" in score_text, (summary(expected), score_text)
+    effusion = next(s for s in expected if s.finding == "pleural_effusion")
+    shown_iou = float(re.search(r"hit \(IoU ([\d.]+)\)", score_text).group(1))
+    best = max(float(v) for v in re.findall(r"IoU ([\d.]+)", effusion.overlap.marked))
+    assert effusion.presence.right and abs(shown_iou - best) <= 0.03, (shown_iou, effusion)
+    assert "overlap" in score_text and "hit (IoU" in score_text and "IoU >= 0.3" in score_text, score_text
+    if localising:
+        assert "Model's boxes" in legend or "did not locate" in note, (legend, note)
+    else:
+        assert "Model's boxes" not in legend and "does not localise" in note and "not asked" in score_text
+    assert violations == [], violations

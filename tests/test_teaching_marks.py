@@ -242,3 +242,37 @@ def test_the_marks_cell_and_the_pointing_table():
     # The model did not locate the pacemaker: its presence is wrong there.
     assert scores.model_summary() == "4/5 checks right on 2 finding(s)"
     assert score_pointing(pointing, KEY, model_asked=False).model_summary().startswith("not asked")
+
+
+def test_the_session_csv_and_pdf_carry_the_marks_and_the_pointing_score(tmp_path):
+    import csv
+    import io
+    import shutil
+    import subprocess
+
+    from medgemma_xray.teaching.session_export import CaseRecord, session_csv, session_pdf
+
+    pointing = Pointing(
+        marks=(Mark.box("pleural_effusion", (0.6, 0.15), (0.8, 0.45)), Mark.point("pacemaker", 0.2, 0.8)),
+        model=(ModelLocation("pleural_effusion", (FilmBox("m", 0.62, 0.16, 0.79, 0.44),)),),
+        key_regions=REGIONS,
+        model_asked=True,
+        locked=True,
+    )
+    record = CaseRecord(title="Case A", key=KEY, student_read={}, model_read={}, pointing=pointing)
+    unmarked = CaseRecord(title="Case B", key=KEY, student_read={}, model_read={})
+    rows = list(csv.DictReader(io.StringIO(session_csv([record, unmarked]))))
+    assert rows[0]["student_marks"] == marks_cell(pointing.marks)
+    assert rows[0]["model_boxes"] == "pleural effusion box y0=0.620 x0=0.160 y1=0.790 x1=0.440"
+    assert rows[0]["student_pointing_score"] == "7/7 checks right on 2 finding(s)"
+    assert rows[0]["model_pointing_score"] == "4/5 checks right on 2 finding(s)"
+    assert all(rows[1][name] == "" for name in ("student_marks", "model_boxes", "student_pointing_score"))
+    if not shutil.which("pdftotext"):
+        pytest.fail("pdftotext is missing: scripts/setup_env.sh --dev installs poppler-utils")
+    pdf = tmp_path / "session.pdf"
+    pdf.write_bytes(session_pdf([record, unmarked]))
+    text = " ".join(
+        subprocess.run(["pdftotext", str(pdf), "-"], capture_output=True, text=True, check=True).stdout.split()
+    )
+    assert "Pointing: student 7/7 checks right on 2 finding(s); model 4/5 checks right" in text
+    assert "pleural effusion box y0=0.600" in text and "Overlap counts at IoU >= 0.3" in text

@@ -28,7 +28,8 @@ class PointingScores:
     model: tuple[FindingMarkScore, ...] | None  # None: the model was not asked (no localisation)
 
     def rows(self) -> list[tuple[str, str, str, str, str]]:
-        """(finding, criterion, key, student, model) for every finding either scored, criteria in CRITERIA order."""
+        """(finding, criterion, key, student, model) for every finding either scored, criteria in CRITERIA order;
+        presence always, the other criteria where either reader is scored on them."""
         by_student = {s.finding: s for s in self.student}
         by_model = {s.finding: s for s in self.model or ()}
         names = list(by_student) + [name for name in by_model if name not in by_student]
@@ -36,6 +37,9 @@ class PointingScores:
         for name in names:
             student, model = by_student.get(name), by_model.get(name)
             for criterion in CRITERIA:
+                checks = [getattr(reader, criterion) for reader in (student, model) if reader is not None]
+                if criterion != "presence" and all(check.right is None for check in checks):
+                    continue
                 own = getattr(student or model, criterion)
                 rows.append(
                     (

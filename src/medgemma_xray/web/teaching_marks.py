@@ -73,11 +73,17 @@ NEW_CASE_OUT = ["mark_list", "overlay_legend", "mark_score", "where_note"]
 
 
 def new_case_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
-    """What a newly opened case shows of pointing (web.teaching_page.show_case): no marks, no score (its view,
-    with no overlay yet, is show_case's own)."""
+    """What a newly opened case shows of pointing (web.teaching_page.show_case): no marks, no score, and why
+    Where? is off if it is (its view, with no overlay yet, is show_case's own)."""
+    from medgemma_xray.teaching.model_location import NOT_LOCALISING, localises
+
     outputs = _pointing_outputs(page, round_)
-    return {"mark_list": outputs["mark_list"], "overlay_legend": outputs["overlay_legend"], "mark_score": "",
-            "where_note": ""}  # fmt: skip
+    return {
+        "mark_list": outputs["mark_list"],
+        "overlay_legend": outputs["overlay_legend"],
+        "mark_score": "",
+        "where_note": "" if localises(page.service.info()) else NOT_LOCALISING,
+    }
 
 
 @EVENTS.on(["view.select"], inputs=["mark_finding", "mark_shape", "session"], outputs=MARKS_OUT, event=True)
