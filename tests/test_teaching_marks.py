@@ -183,10 +183,15 @@ def test_the_models_answer_becomes_boxes_or_a_notice():
 
 
 def test_the_capability_is_read_from_the_backend_info():
-    class Info:
-        capabilities = frozenset({"localisation"})
+    from dataclasses import replace
 
-    assert localises(Info()) and not localises(object()) and not localises(None)
+    from medgemma_xray.inference_api.types import BackendInfo, Mode
+    from medgemma_xray.teaching.model_location import not_localising
+
+    info = BackendInfo(Mode.PYTORCH, "fp32", "cpu", "transformers", "google/medgemma-4b-it", is_demo=False)
+    assert not localises(info) and not localises(None)
+    assert localises(replace(info, capabilities=frozenset({"localisation"})))
+    assert "does not localise findings" in not_localising(info) and "medgemma-1.5-4b-it" in not_localising(info)
 
 
 def _picture(rows=400, cols=300):

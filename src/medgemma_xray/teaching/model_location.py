@@ -6,14 +6,14 @@ A model that does not locate a finding is not an error: no box list, an empty li
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from medgemma_xray.teaching.marks import ModelLocation, shown_name
 
+if TYPE_CHECKING:
+    from medgemma_xray.inference_api.types import BackendInfo
+
 DID_NOT_LOCATE = "The model did not locate the {finding}"
-NOT_LOCALISING = (
-    "This checkpoint does not localise findings (it was not trained to answer Where? with boxes); "
-    "MedGemma 1.5 (google/medgemma-1.5-4b-it) does."
-)
-CAPABILITY = "localisation"
 
 
 def location_from_answer(finding: str, text: str, shape: tuple[int, int], stopped: bool = False) -> ModelLocation:
@@ -38,7 +38,18 @@ def location_from_answer(finding: str, text: str, shape: tuple[int, int], stoppe
     return ModelLocation(finding, parsed.boxes, " ".join(notices))
 
 
-def localises(info: object) -> bool:
-    """Whether the serving checkpoint declares that it localises findings (BackendInfo.capabilities; a backend
-    whose info has no capabilities localises nothing)."""
-    return CAPABILITY in (getattr(info, "capabilities", None) or ())
+def localises(info: BackendInfo | None) -> bool:
+    """Whether the serving checkpoint declares that it localises findings (BackendInfo.capabilities, from the
+    checkpoint's profile)."""
+    from medgemma_xray.inference_api.capabilities import has_capability
+    from medgemma_xray.inference_api.types import LOCALISATION
+
+    return has_capability(info, LOCALISATION)
+
+
+def not_localising(info: BackendInfo | None) -> str:
+    """Why Where? is off, naming the checkpoint and the one that localises (inference_api.capabilities)."""
+    from medgemma_xray.inference_api.capabilities import missing_capability_message
+    from medgemma_xray.inference_api.types import LOCALISATION
+
+    return missing_capability_message(info, LOCALISATION)

@@ -75,14 +75,14 @@ NEW_CASE_OUT = ["mark_list", "overlay_legend", "mark_score", "where_note"]
 def new_case_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     """What a newly opened case shows of pointing (web.teaching_page.show_case): no marks, no score, and why
     Where? is off if it is (its view, with no overlay yet, is show_case's own)."""
-    from medgemma_xray.teaching.model_location import NOT_LOCALISING, localises
+    from medgemma_xray.teaching.model_location import localises, not_localising
 
     outputs = _pointing_outputs(page, round_)
     return {
         "mark_list": outputs["mark_list"],
         "overlay_legend": outputs["overlay_legend"],
         "mark_score": "",
-        "where_note": "" if localises(page.service.info()) else NOT_LOCALISING,
+        "where_note": "" if localises(page.service.info()) else not_localising(page.service.info()),
     }
 
 
@@ -177,24 +177,25 @@ def where_available(page: TeachingPage, values: dict) -> dict:
     """Where? is offered only when the serving checkpoint localises findings; otherwise the button says why."""
     import gradio as gr
 
-    from medgemma_xray.teaching.model_location import NOT_LOCALISING, localises
+    from medgemma_xray.teaching.model_location import localises, not_localising
 
-    if localises(page.service.info()):
+    info = page.service.info()
+    if localises(info):
         return {"where_button": gr.update(interactive=True, value="Where? (the model points)"), "where_note": ""}
     return {"where_button": gr.update(interactive=False, value="Where? (not with this checkpoint)"),
-            "where_note": NOT_LOCALISING}  # fmt: skip
+            "where_note": not_localising(info)}  # fmt: skip
 
 
 @EVENTS.on(["where_button.click"], inputs=["mark_finding", "quiz", "session"], outputs=["where_asked"],
            concurrency_limit=None)  # fmt: skip
 def take_where(page: TeachingPage, values: dict) -> dict:
     """Checked before it is queued: a case, the checkpoint's capability, the quiz lock, the finding's name."""
-    from medgemma_xray.teaching.model_location import NOT_LOCALISING, localises
+    from medgemma_xray.teaching.model_location import localises, not_localising
     from medgemma_xray.web.asking import WAIT_MESSAGE
 
     _, _, round_ = current_round(values)
     if not localises(page.service.info()):
-        raise refused(NOT_LOCALISING, logger, "teaching")
+        raise refused(not_localising(page.service.info()), logger, "teaching")
     if questions_locked(page, bool(values["quiz"]), round_):
         raise refused(QUESTIONS_LOCKED, logger, "teaching")
     try:
@@ -296,7 +297,7 @@ def after_reveal(page: TeachingPage, values: dict, request) -> Any:
     """Once the case is revealed: the marks lock, the key's regions show, the model is
     asked Where? for each finding (if it localises), and every finding's pointing is scored. Runs once per case."""
     from medgemma_xray.teaching.marks import ModelLocation
-    from medgemma_xray.teaching.model_location import NOT_LOCALISING, localises
+    from medgemma_xray.teaching.model_location import localises, not_localising
 
     held = session_of(values).value.current
     if held is None or not held.revealed or held.pointing.locked:
@@ -307,7 +308,7 @@ def after_reveal(page: TeachingPage, values: dict, request) -> Any:
     current = replace(round_, pointing=pointing)
     yield {**_changed(page, session, round_, current), "mark_score": _score_markdown(current)}
     if not asks:
-        yield {"where_note": NOT_LOCALISING}
+        yield {"where_note": not_localising(page.service.info())}
         return
     ticket = _claim(page, session, current, request)
     notices = []
@@ -355,7 +356,7 @@ def export_marks_sr(page: TeachingPage, values: dict) -> dict:
             round_.display.shape,
             round_.display.dicom_identity,
             include_identifiers=allowed,
-            model_name=str(getattr(info, "model_id", "") or ""),
+            model_name=info.model_id if info is not None else "",
         )
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
