@@ -637,6 +637,38 @@ def _checkpoint_localises(model_dir: Path) -> bool:
     return "localisation" in profile.get("capabilities", [])
 
 
+@pytest.fixture(scope="module")
+def pointing_server(tmp_path_factory, demo_model_dir, library_folder):
+    """The demo checkpoint, its marker declaring that it localises (the retrained demo declares it itself), so the
+    page asks the model Where?: it answers with boxes, or the page says it did not locate the finding."""
+    import json
+
+    folder = tmp_path_factory.mktemp("localising-demo")
+    for item in demo_model_dir.iterdir():
+        if item.name != "demo_checkpoint.json":
+            (folder / item.name).symlink_to(item.resolve())
+    marker = json.loads((demo_model_dir / "demo_checkpoint.json").read_text())
+    marker["capabilities"] = sorted({*marker.get("capabilities", []), "localisation"})
+    (folder / "demo_checkpoint.json").write_text(json.dumps(marker))
+    env = {"CASE_LIBRARY": str(library_folder), "MODEL_PATH": str(folder)}
+    server = start_server(tmp_path_factory.mktemp("pointing-logs"), env=env)
+    yield server
+    server.stop()
+
+
+def test_where_is_off_with_the_reason_when_the_checkpoint_does_not_localise(
+    browser, teaching_server, library_folder, demo_model_dir
+):
+    page = _open_page(browser, teaching_server.url)
+    _open_case(page, load_library(library_folder).cases[0].title)
+    disabled, note = page.locator("#teach-where").is_disabled(), page.inner_text("#teach-where-note")
+    page.close()
+    if _checkpoint_localises(demo_model_dir):
+        assert not disabled and note == "", note
+    else:
+        assert disabled and "does not localise findings" in note and "MedGemma 1.5" in note, note
+
+
 AXE_SCOPE = ["#teach-tools", "#teach-overlays", "#teach-legend", "#teach-where-note", "#teach-mark-score"]
 
 
@@ -656,13 +688,12 @@ def _axe_on(page, selectors: list[str]) -> list[dict]:
     ]
 
 
-def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
-    browser, teaching_server, library_folder, demo_model_dir
-):
+def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(browser, pointing_server, library_folder):
     """The student boxes the key's pleural effusion with the Mark tool (two clicks) before Reveal; after it the key
     region (sky blue) joins the student's box (orange) on the film, each switchable, and the pointing score shows
-    the effusion scored on presence, side, zone and overlap with the tolerances. The model's boxes: drawn or a
-    notice when the checkpoint localises; otherwise Where? is off and the page says this checkpoint does not."""
+    the effusion scored on presence, side, zone and overlap with the tolerances. The model is asked Where? for each
+    of the key's findings: its boxes are drawn, or the page says it did not locate one; Where? on a picked finding
+    after the reveal answers the same way."""
     import pydicom
 
     from medgemma_xray.phantoms.regions import finding_regions
@@ -675,13 +706,9 @@ def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
     dataset = pydicom.dcmread(case.film_path, stop_before_pixels=True)
     shape = (int(dataset.Rows), int(dataset.Columns))
     region = next(r for r in finding_regions(case.key, *shape) if r.finding == "pleural_effusion")
-    page = _open_page(browser, teaching_server.url)
+    page = _open_page(browser, pointing_server.url)
     _open_case(page, case.title)
-    localising = _checkpoint_localises(demo_model_dir)
-    if not localising:
-        assert page.locator("#teach-where").is_disabled()
-        assert "does not localise findings" in page.inner_text("#teach-where-note")
-        assert "MedGemma 1.5" in page.inner_text("#teach-where-note")
+    assert not page.locator("#teach-where").is_disabled()
     _press(page, "k")
     page.wait_for_selector("#teach-measure :text('Mark:')", timeout=30_000)
     _choose(page, "teach-mark-finding", "pleural effusion")
@@ -692,8 +719,15 @@ def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
     _click_and_wait(page, _screen_point(page, *top_left, shape), "First corner placed")
     page.mouse.click(*_screen_point(page, *bottom_right, shape))
     page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Your marks')")
-    assert (
-        "pleural effusion: box" in page.inner_text("#teach-mark-list") or page.locator("#teach-mark-list input").count()
+    page.wait_for_selector("#teach-mark-list :text('1. pleural effusion: box')", timeout=30_000)
+    # A second mark, a point, listed and then removed: the list and the film keep only the box.
+    page.locator("#teach-mark-shape").get_by_label("Point").check()
+    page.mouse.click(*_screen_point(page, shape[0] * 0.2, shape[1] * 0.5, shape))
+    page.wait_for_selector("#teach-mark-list :text('2. pleural effusion: point')", timeout=30_000)
+    page.locator("#teach-mark-list label", has_text="2. pleural effusion").click()
+    page.click("#teach-mark-remove")
+    page.wait_for_function(
+        "() => !document.querySelector('#teach-mark-list').innerText.includes('2. pleural')", timeout=30_000
     )
     marked = _view_rgb(page)
     assert _colour_count(before, COLOURS["student"]) == 0 and _colour_count(marked, COLOURS["student"]) > 100
@@ -701,11 +735,8 @@ def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
 
     page.click("#teach-reveal")
     page.wait_for_selector("#teach-mark-score :text('Pointing score')", timeout=300_000)
-    if localising:  # the model is asked Where? for each of the key's findings: boxes or a notice per finding
-        page.wait_for_function(
-            "() => !document.querySelector('#teach-where-note').innerText.includes('Asking the model')",
-            timeout=300_000,
-        )
+    asked_all = "() => !document.querySelector('#teach-where-note').innerText.includes('Asking the model')"
+    page.wait_for_function(asked_all, timeout=300_000)  # Where? for each of the key's findings
     page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Key region')")
     revealed = _view_rgb(page)
     score_text = page.inner_text("#teach-mark-score")
@@ -719,6 +750,11 @@ def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
     _wait_new_view(page, before_toggle)
     without_key = _view_rgb(page)
     note = page.inner_text("#teach-where-note")
+    _choose(page, "teach-mark-finding", "nodule or mass")  # the key's other finding, asked by the button
+    page.click("#teach-where")
+    page.wait_for_selector("#teach-where-note :text('Asking the model where the nodule or mass is')", timeout=60_000)
+    page.wait_for_function(asked_all, timeout=300_000)
+    where_note, where_legend = page.inner_text("#teach-where-note"), page.inner_text("#teach-legend")
     page.close()
 
     assert _colour_count(revealed, COLOURS["key"]) > 100 and _colour_count(revealed, COLOURS["student"]) > 100
@@ -736,8 +772,9 @@ def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(
     best = max(float(v) for v in re.findall(r"IoU ([\d.]+)", effusion.overlap.marked))
     assert effusion.presence.right and abs(shown_iou - best) <= 0.03, (shown_iou, effusion)
     assert "overlap" in score_text and "hit (IoU" in score_text and "IoU >= 0.3" in score_text, score_text
-    if localising:
-        assert "Model's boxes" in legend or "did not locate" in note, (legend, note)
-    else:
-        assert "Model's boxes" not in legend and "does not localise" in note and "not asked" in score_text
+    assert "Model's boxes" in legend or "did not locate the pleural effusion" in note, (legend, note)
+    assert "not asked" not in score_text and "the model " in score_text, score_text
+    assert "box for the nodule or mass" in where_note or "did not locate the nodule or mass" in where_note, where_note
+    if "box for the nodule or mass" in where_note:
+        assert "Model's boxes" in where_legend, where_legend
     assert violations == [], violations

@@ -103,7 +103,8 @@ def draw_layers(picture: np.ndarray, crop: Crop, shape: tuple[int, int], layers:
         for finding, box in boxes:
             box_corners = corners(box.y0, box.x0, box.y1, box.x1)
             _rectangle(draw, box_corners, layer)
-            _label(draw, font, (box_corners[0], box_corners[1]), shown_name(finding), layer, image.size)
+            label = box.label if box.label and box.label != "finding" else shown_name(finding)
+            _label(draw, font, (box_corners[0], box_corners[1]), label, layer, image.size)
     for mark in layers.student:
         if mark.is_point:
             x, y = view_point(mark.y0, mark.x0)
@@ -122,14 +123,16 @@ def draw_layers(picture: np.ndarray, crop: Crop, shape: tuple[int, int], layers:
 
 
 def _legend(draw, font, drawn: Sequence[str], size: tuple[int, int]) -> None:
-    """The legend in the picture's top-right corner: a line sample in each drawn layer's colour and style."""
+    """The legend in the picture's bottom-right corner (the top-right one holds the viewer's full-screen button):
+    a line sample in each drawn layer's colour and style."""
     if not drawn:
         return
     names = [LAYER_NAMES[layer] for layer in drawn]
     text_width = max(draw.textbbox((0, 0), name, font=font)[2] for name in names)
     width, line_height = text_width + 48, 20
-    left, top = size[0] - width - 6, 6
-    draw.rectangle((left, top, left + width, top + line_height * len(drawn) + 6), fill=(0, 0, 0))
+    height = line_height * len(drawn) + 6
+    left, top = size[0] - width - 6, size[1] - height - 6
+    draw.rectangle((left, top, left + width, top + height), fill=(0, 0, 0))
     for index, layer in enumerate(drawn):
         y = top + 4 + index * line_height + line_height / 2
         for a, b in _segments((left + 6, y), (left + 36, y), STYLES[layer]):

@@ -434,7 +434,7 @@ def _pointing_tools(ui: dict[str, Any]) -> None:
     ui["mark_shape"] = gr.Radio(
         [("Point", "point"), ("Box (2 corners)", "box")], value="box", label="Mark as", elem_id="teach-mark-shape"
     )
-    ui["mark_list"] = gr.Dropdown([], type="value", label="Your marks", elem_id="teach-mark-list")
+    ui["mark_list"] = gr.Radio([], label="Your marks (pick one to remove it)", elem_id="teach-mark-list")
     ui["mark_remove"] = gr.Button("Remove the mark", elem_id="teach-mark-remove", size="sm")
     ui["where_button"] = gr.Button("Where? (the model points)", elem_id="teach-where", size="sm")
     ui["where_asked"] = gr.Textbox(visible=False, elem_id="teach-where-asked")
