@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from medgemma_xray.teaching.marks import Mark, shown_name
 
@@ -147,11 +148,13 @@ def read_marks(data: bytes) -> list[tuple[str, str, str, list[tuple[float, float
     from pydicom import dcmread
 
     document = hd.sr.Comprehensive3DSR.from_dataset(dcmread(io.BytesIO(data)))
+    report: Any = document.content  # a MeasurementReport: highdicom types it as its ContentSequence base
     found = []
-    for group in document.content.get_planar_roi_measurement_groups():
+    for group in report.get_planar_roi_measurement_groups():
         who = STUDENT if group.method is not None and group.method.value == STUDENT_METHOD[0] else MODEL
         region = group.roi
         graphic = region.GraphicType if region is not None else ""
-        points = [tuple(map(float, p)) for p in region.value] if region is not None else []
-        found.append((who, group.finding_type.meaning if group.finding_type else "", graphic, points))
+        points = [(float(p[0]), float(p[1])) for p in region.value] if region is not None else []
+        finding = str(group.finding_type.meaning) if group.finding_type else ""
+        found.append((who, finding, str(graphic), points))
     return found

@@ -41,15 +41,15 @@ def location_from_answer(finding: str, text: str, shape: tuple[int, int], stoppe
 def localises(info: BackendInfo | None) -> bool:
     """Whether the serving checkpoint declares that it localises findings (BackendInfo.capabilities, from the
     checkpoint's profile)."""
+    from medgemma_xray.engine_bundle.checkpoint_profile import LOCALISATION
     from medgemma_xray.inference_api.capabilities import has_capability
-    from medgemma_xray.inference_api.types import LOCALISATION
 
     return has_capability(info, LOCALISATION)
 
 
 def not_localising(info: BackendInfo | None) -> str:
     """Why Where? is off, naming the checkpoint and the one that localises (inference_api.capabilities)."""
+    from medgemma_xray.engine_bundle.checkpoint_profile import LOCALISATION
     from medgemma_xray.inference_api.capabilities import missing_capability_message
-    from medgemma_xray.inference_api.types import LOCALISATION
 
     return missing_capability_message(info, LOCALISATION)
