@@ -86,16 +86,13 @@ def new_case_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     }
 
 
-@EVENTS.on(["view.select"], inputs=["mark_finding", "mark_shape", "session"], outputs=MARKS_OUT, event=True)
 def mark_clicked(page: TeachingPage, values: dict, event) -> dict:
-    """A click with the Mark tool: a point at once, or a box's first corner and then its opposite corner."""
+    """A click with the Mark tool (web.teaching_view.clicked hands it here): a point at once, or a box's first
+    corner and then its opposite corner. Returns MARKS_OUT's updates."""
     import gradio as gr
 
     from medgemma_xray.teaching import viewer
 
-    held = session_of(values).value.current
-    if held is None or held.view.tool != "mark":
-        return {}  # another tool's click (web.teaching_view.clicked)
     session, _, round_ = current_round(values)
     if round_.pointing.locked or round_.revealed:
         gr.Warning(LOCKED)

@@ -129,13 +129,17 @@ def set_tool(page: TeachingPage, values: dict) -> dict:
     return _view_changed(page, values, lambda r: r.view.with_tool(values["tool"]))
 
 
-@EVENTS.on(["view.select"], inputs=["session"], outputs=[*VIEW_OUT, "session"], event=True)
+# One listener for every tool's click (a second one on the same event made the browser drop quick clicks).
+@EVENTS.on(["view.select"], inputs=["mark_finding", "mark_shape", "session"],
+           outputs=[*VIEW_OUT, "session", "mark_list", "overlay_legend"], event=True)  # fmt: skip
 def clicked(page: TeachingPage, values: dict, event) -> dict:
     from medgemma_xray.teaching import viewer
     from medgemma_xray.web.teaching_context import session_of
 
     held = session_of(values).value.current
     if held is not None and held.view.tool == "mark":
-        return {}  # the mark tool's click is web.teaching_marks.mark_clicked's
+        from medgemma_xray.web.teaching_marks import mark_clicked
+
+        return mark_clicked(page, values, event)
     x, y = event.index
     return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
