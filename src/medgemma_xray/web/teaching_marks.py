@@ -154,16 +154,18 @@ def overlays_changed(page: TeachingPage, values: dict) -> dict:
 def _where_request(page: TeachingPage, round_: Round, finding: str):
     from medgemma_xray.grounding.prompts import localisation_prompt
     from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
+    from medgemma_xray.phantoms.regions import OBJECT_NAMES
     from medgemma_xray.web.asking import AskRefused
 
+    asked = OBJECT_NAMES.get(finding, finding)  # the name the prompt asks for ("enlarged heart"), as trained
     request = GenerationRequest(
         image=round_.model_image,
-        turns=(ChatTurn("user", localisation_prompt(shown_name(finding))),),
+        turns=(ChatTurn("user", localisation_prompt(asked)),),
         max_new_tokens=page.settings.max_new_tokens,
         image_key=round_.image_key,
     )
     try:
-        page.asking.check_template(request, shown_name(finding))
+        page.asking.check_template(request, asked)
     except AskRefused as exc:
         raise shown(exc, logger, "teaching") from exc
     return request
