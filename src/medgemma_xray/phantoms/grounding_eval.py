@@ -119,7 +119,6 @@ def localisation_accuracy(
 
     Returns {"per_finding": {finding: {...}}, "overall": {...}, "answers": [...], "phantoms": n}.
     """
-    from medgemma_xray.grounding.boxes import BoxFormatError, parse_boxes
     from medgemma_xray.grounding.prompts import localisation_prompt
     from medgemma_xray.inference_api.contract import ChatTurn, GenerationRequest
     from medgemma_xray.phantoms.regions import object_name
@@ -139,26 +138,32 @@ def localisation_accuracy(
                 conversation_id=f"where-{phantom.name}",
                 image_key=phantom.name,
             )
-            text = _ask(backend, request)
-            try:
-                parsed = parse_boxes(text, phantom.rows, phantom.cols)
-                boxes, parsed_ok = parsed.boxes, True
-            except BoxFormatError:
-                boxes, parsed_ok = (), False
-            answers.append(
-                {
-                    "phantom": phantom.name,
-                    "finding": finding,
-                    "present": bool(truth),
-                    "answer": text,
-                    "parsed": parsed_ok,
-                    "boxes": [[b.y0, b.x0, b.y1, b.x1] for b in boxes],
-                    "ious": [best_iou(region.box, boxes) for region in truth],
-                }
-            )
+            answers.append(score_localisation_answer(phantom, finding, _ask(backend, request)))
         if progress is not None:
             progress()
     return summarise_localisation(answers, findings, len(phantoms))
+
+
+def score_localisation_answer(phantom: GroundingPhantom, finding: str, text: str) -> dict:
+    """One answer scored: its boxes in the film's frame and each ground-truth region's best IoU with them."""
+    from medgemma_xray.grounding.boxes import BoxFormatError, parse_boxes
+
+    truth = [region for region in phantom.regions if region.finding == finding]
+    try:
+        result = parse_boxes(text, phantom.rows, phantom.cols)
+        boxes, refused, parsed = result.boxes, result.refused, True
+    except BoxFormatError:
+        boxes, refused, parsed = (), (), False
+    return {
+        "phantom": phantom.name,
+        "finding": finding,
+        "present": bool(truth),
+        "answer": text,
+        "parsed": parsed,
+        "boxes": [[b.y0, b.x0, b.y1, b.x1] for b in boxes],
+        "refused": list(refused),  # items of the list that were no valid box (outside the film, unordered)
+        "ious": [best_iou(region.box, boxes) for region in truth],
+    }
 
 
 def _iou_figures(ious: list[float]) -> dict:
@@ -183,7 +188,7 @@ def summarise_localisation(answers: list[dict], findings: Sequence[str], phantom
         figures["unparsed"] = sum(not a["parsed"] for a in present)
         figures["absent_asked"] = len(absent)
         figures["absent_empty_rate"] = (
-            sum(a["parsed"] and not a["boxes"] for a in absent) / len(absent) if absent else None
+            sum(a["parsed"] and not a["boxes"] and not a["refused"] for a in absent) / len(absent) if absent else None
         )
         per_finding[finding] = figures
     overall = _iou_figures([v for a in answers if a["present"] for v in a["ious"]])
@@ -197,7 +202,6 @@ def change_detection_accuracy(
     pair's changes. Returns {"accuracy", "per_kind": {kind: {"accuracy", "count"}}, "unparsed", "answers"}."""
     from medgemma_xray.grounding.prompts import COMPARISON_PROMPT
     from medgemma_xray.inference_api.contract import ChatTurn, GenerationRequest
-    from medgemma_xray.phantoms.progression import parse_change_statement
 
     if not pairs:
         raise ValueError("change_detection_accuracy needs at least one held-out pair")
@@ -209,20 +213,28 @@ def change_detection_accuracy(
             max_new_tokens=max_new_tokens,
             prior_image=pair.prior_image,
         )
-        text = _ask(backend, request)
-        stated = parse_change_statement(text)
-        answers.append(
-            {
-                "pair": pair.name,
-                "kind": pair.kind,
-                "truth": sorted(pair.changes),
-                "stated": None if stated is None else sorted(stated),
-                "answer": text,
-                "correct": stated == pair.changes,
-            }
-        )
+        answers.append(score_change_answer(pair, _ask(backend, request)))
         if progress is not None:
             progress()
+    return summarise_changes(answers)
+
+
+def score_change_answer(pair: HeldOutPair, text: str) -> dict:
+    """One comparison answer scored: right when it states exactly the pair's changes."""
+    from medgemma_xray.phantoms.progression import parse_change_statement
+
+    stated = parse_change_statement(text)
+    return {
+        "pair": pair.name,
+        "kind": pair.kind,
+        "truth": sorted(pair.changes),
+        "stated": None if stated is None else sorted(stated),
+        "answer": text,
+        "correct": stated == pair.changes,
+    }
+
+
+def summarise_changes(answers: list[dict]) -> dict:
     per_kind = {}
     for kind in sorted({a["kind"] for a in answers}):
         rows = [a for a in answers if a["kind"] == kind]
