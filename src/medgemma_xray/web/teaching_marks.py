@@ -28,7 +28,7 @@ from medgemma_xray.web.teaching_context import (
     questions_locked,
     session_of,
 )
-from medgemma_xray.web.teaching_view import VIEW_OUT, view_outputs
+from medgemma_xray.web.teaching_view import TOOL_CLICKS, VIEW_OUT, view_outputs
 
 EVENTS = PageEvents()
 MARKS_OUT = [*VIEW_OUT, "session", "mark_list", "overlay_legend"]
@@ -123,6 +123,9 @@ def mark_clicked(page: TeachingPage, values: dict, event) -> dict:
         gr.Warning(str(exc))
         return _changed(page, session, round_, replace(round_, view=replace(view, points=())))
     return _changed(page, session, round_, replace(round_, pointing=pointing, view=replace(view, points=())))
+
+
+TOOL_CLICKS["mark"] = mark_clicked  # the view's one select listener hands the Mark tool's clicks here
 
 
 @EVENTS.on(["mark_remove.click"], inputs=["mark_list", "session"], outputs=MARKS_OUT, api_name="teaching_remove_mark")

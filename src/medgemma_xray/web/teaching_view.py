@@ -6,6 +6,7 @@ or from the intake's full-resolution values where the view is zoomed past the ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,8 @@ EVENTS = PageEvents()
 
 
 VIEW_OUT = ["view", "centre", "width", "measure"]
+# A tool whose clicks another module handles: tool -> handler(page, values, event) (web.teaching_marks: "mark").
+TOOL_CLICKS: dict[str, Callable[..., dict]] = {}
 
 
 def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
@@ -137,9 +140,8 @@ def clicked(page: TeachingPage, values: dict, event) -> dict:
     from medgemma_xray.web.teaching_context import session_of
 
     held = session_of(values).value.current
-    if held is not None and held.view.tool == "mark":
-        from medgemma_xray.web.teaching_marks import mark_clicked
-
-        return mark_clicked(page, values, event)
+    tool_click = TOOL_CLICKS.get(held.view.tool) if held is not None else None
+    if tool_click is not None:
+        return tool_click(page, values, event)
     x, y = event.index
     return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
