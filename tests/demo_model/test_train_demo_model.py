@@ -61,7 +61,7 @@ TINY = [
     "--variants",
     "1",
     "--vocab_size",
-    "512",
+    "1024",  # the pointing prompts take merges: at 512 "Yes" is no longer one token
     "--warmup",
     "1",
     "--log_every",

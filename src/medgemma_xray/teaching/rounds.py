@@ -14,6 +14,7 @@ from pathlib import Path
 from medgemma_xray.intake import IntakeFilm
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.library import LibraryCase, shuffled
+from medgemma_xray.teaching.marks import Pointing
 from medgemma_xray.teaching.session_export import CaseRecord
 from medgemma_xray.teaching.viewer import DisplayFilm, ViewState
 from medgemma_xray.xray_io import Radiograph
@@ -42,6 +43,13 @@ class Round:
     questions: tuple[tuple[str, str], ...] = ()
     asked_before_reveal: int = 0  # questions answered while the case was not yet revealed
     conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    pointing: Pointing = field(default_factory=Pointing)  # the student's marks and the model's boxes
+
+    def key_regions(self):
+        """Where the key puts its findings on this film (teaching.pointing), or None where it does not say."""
+        from medgemma_xray.teaching.pointing import key_regions
+
+        return key_regions(self.key, self.display.shape)
 
     def record(self) -> CaseRecord:
         from medgemma_xray.teaching.viewer import thumbnail_png
@@ -58,6 +66,8 @@ class Round:
             teaching_points=self.teaching_points,
             asked_before_reveal=self.asked_before_reveal,
             thumbnail=thumbnail_png(self.display),
+            pointing=self.pointing,
+            regions=self.pointing.key_regions,
         )
 
 

@@ -6,6 +6,7 @@ or from the intake's full-resolution values where the view is zoomed past the ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,10 +18,13 @@ EVENTS = PageEvents()
 
 
 VIEW_OUT = ["view", "centre", "width", "measure"]
+# A tool whose clicks another module handles: tool -> handler(page, values, event) (web.teaching_marks: "mark").
+TOOL_CLICKS: dict[str, Callable[..., dict]] = {}
 
 
 def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     from medgemma_xray.teaching import viewer
+    from medgemma_xray.teaching.pointing import layers_of
 
     display, view = round_.display, round_.view
     full = None
@@ -28,8 +32,15 @@ def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     if zoomed or view.tool == "probe":
         values = page.intake.values(display.key)
         full = values.values if values is not None else None
-    key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points)
-    render = lambda: viewer.render_view(display, view, full=full)[0]  # noqa: E731 (rendered only on a miss)
+    layers = layers_of(round_.pointing)  # the key's regions, the student's marks, the model's boxes
+    key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points, layers)
+
+    def render():  # only on a miss
+        from medgemma_xray.teaching.overlays import draw_layers
+
+        picture, crop = viewer.render_view(display, view, full=full)
+        return draw_layers(picture, crop, display.shape, layers) if layers else picture
+
     picture = page.view_files.cached(key, render) if display.key else page.view_files.write(render())
     measure = viewer.measurement_text(display, view, full)
     if full is None and zoomed:
@@ -121,9 +132,16 @@ def set_tool(page: TeachingPage, values: dict) -> dict:
     return _view_changed(page, values, lambda r: r.view.with_tool(values["tool"]))
 
 
-@EVENTS.on(["view.select"], inputs=["session"], outputs=[*VIEW_OUT, "session"], event=True)
+# One listener for every tool's click (a second one on the same event made the browser drop quick clicks).
+@EVENTS.on(["view.select"], inputs=["mark_finding", "mark_shape", "session"],
+           outputs=[*VIEW_OUT, "session", "mark_list", "overlay_legend"], event=True)  # fmt: skip
 def clicked(page: TeachingPage, values: dict, event) -> dict:
     from medgemma_xray.teaching import viewer
+    from medgemma_xray.web.teaching_context import session_of
 
+    held = session_of(values).value.current
+    tool_click = TOOL_CLICKS.get(held.view.tool) if held is not None else None
+    if tool_click is not None:
+        return tool_click(page, values, event)
     x, y = event.index
     return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
