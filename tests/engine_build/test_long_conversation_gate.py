@@ -129,7 +129,7 @@ def add_late_drift(decoder_path, from_position: int, token: int, boost: float = 
 def test_the_whole_answer_check_catches_a_bundle_whose_first_token_agrees_and_later_tokens_drift(
     fp32_bundle, reference, tmp_path
 ):
-    """A bundle exact up to the long answer's 10th token and wrong from there on. The first-token KL is ~0 and, with
+    """A bundle exact up to the long answer's last token (its 10th at most) and wrong from there on. The first-token KL is ~0 and, with
     the greedy threshold lowered to 0.5 (as CI once did for INT8), free-running agreement passes; the whole-answer
     figures (PyTorch's answer fed to both, top-1 and KL at every position) refuse it."""
     from medgemma_xray.engine_build.verify import long_conversation_request, long_conversation_tokens
@@ -144,16 +144,21 @@ def test_the_whole_answer_check_catches_a_bundle_whose_first_token_agrees_and_la
     )
     answer = [step.token_id for step in reference.generate_steps(request)]
     bundle.close()
-    assert len(answer) >= 12, answer  # long enough to drift after its 10th token
+    # Drift as late as the answer allows (at most 10 tokens in). Free-running agreement is then as high as this
+    # answer's length lets it be, and a greedy threshold lowered to it (CI once lowered it to 0.5) accepts the
+    # bundle; the whole-answer figures must refuse it all the same.
+    drift_at = min(10, len(answer) - 1)
+    assert drift_at >= 2, answer
     stops = set(read_manifest(drifting)["tokens"]["eos"])
     wrong = next(token for token in range(10, 1000) if token not in answer and token not in stops)
-    add_late_drift(drifting / "onnx" / "fp32" / "decoder.onnx", from_position=length + 9, token=wrong)
+    add_late_drift(drifting / "onnx" / "fp32" / "decoder.onnx", from_position=length + drift_at - 1, token=wrong)
 
     figures, failures = long_case_failures(reference, drifting, film)
-    lowered = [f for f in check({"long_conversation": figures}, Thresholds(min_long_token_agreement=0.5))]
-    assert figures["first_token_kl"] < 1e-3 and figures["identical_prefix"] == 10, figures
-    assert figures["token_agreement"] >= 0.5, figures  # what the first-token gate with CI's threshold accepted
-    assert figures["first_top1_disagreement"] == 10 and figures["kl_max"] > 1.0, figures
+    lowered_to = min(0.5, figures["token_agreement"])
+    lowered = [f for f in check({"long_conversation": figures}, Thresholds(min_long_token_agreement=lowered_to))]
+    assert figures["first_token_kl"] < 1e-3 and figures["identical_prefix"] == drift_at, figures
+    assert figures["token_agreement"] > 0, figures  # what the first-token gate with a lowered threshold accepted
+    assert figures["first_top1_disagreement"] == drift_at and figures["kl_max"] > 1.0, figures
     whole = [f for f in lowered if "over the whole answer" in f]
     assert any("top-1 agreement" in f for f in whole) and any("largest KL" in f for f in whole), lowered
     assert not any("token agreement 0." in f and "over the whole" not in f for f in lowered), lowered
