@@ -134,14 +134,24 @@ def _register_split_attention() -> str:
 def _attention_over_past_and_new(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, past_rows=(), **kwargs
 ):
-    """Eager attention over [past rows, new rows] without concatenating them. Query head h uses KV head
-    h // groups (transformers' repeat_kv), so the query is regrouped per KV head instead of repeating the keys."""
+    """Eager attention over [past rows, new rows] without concatenating them.
+
+    Query head h uses KV head h // groups (transformers' repeat_kv). Rather than repeating the keys (a copy of the
+    past), the query is regrouped as (batch, kv_heads, groups, new, dim) against keys (batch, kv_heads, 1, rows,
+    dim): a MatMul that broadcasts the keys over the groups. On a decode step each product then has one query row,
+    which ONNX Runtime's CPU GEMM (MLAS) runs straight from the keys where they lie; with two or more rows it
+    first packs (copies) the whole past into its own layout.
+    """
     past_key, past_value = past_rows[2 * module.layer_idx], past_rows[2 * module.layer_idx + 1]
     batch, heads, new, dim = query.shape
     kv_heads = key.shape[1]
-    grouped = query.reshape(batch, kv_heads, (heads // kv_heads) * new, dim)
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, new, dim)
     scores = torch.cat(
-        [torch.matmul(grouped, past_key.transpose(2, 3)), torch.matmul(grouped, key.transpose(2, 3))], dim=-1
+        [
+            torch.matmul(grouped, past_key.unsqueeze(2).transpose(3, 4)),
+            torch.matmul(grouped, key.unsqueeze(2).transpose(3, 4)),
+        ],
+        dim=-1,
     )
     scores = scores.reshape(batch, heads, new, -1) * (scaling if scaling is not None else dim**-0.5)
     if softcap is not None:
@@ -149,9 +159,11 @@ def _attention_over_past_and_new(
     if attention_mask is not None:
         scores = scores + attention_mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = weights.reshape(batch, kv_heads, (heads // kv_heads) * new, -1)
+    weights = weights.reshape(batch, kv_heads, heads // kv_heads, new, -1)
     capacity = past_key.shape[2]
-    output = torch.matmul(weights[..., :capacity], past_value) + torch.matmul(weights[..., capacity:], value)
+    output = torch.matmul(weights[..., :capacity], past_value.unsqueeze(2)) + torch.matmul(
+        weights[..., capacity:], value.unsqueeze(2)
+    )
     return output.reshape(batch, heads, new, dim).transpose(1, 2).contiguous(), None
 
 

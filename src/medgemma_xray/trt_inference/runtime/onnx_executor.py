@@ -86,6 +86,7 @@ class OnnxRuntimeExecutor:
             [KvStore(tensors, 1, self.kv_heads, self.head_dim, self.max_rows) for _ in range(sequence_slots)]
         )
         self.batch_store = KvStore(tensors, sequence_slots, self.kv_heads, self.head_dim, self.max_rows)
+        self._bindings: dict[int, tuple] = {}  # id(store) -> (IO binding of its buffers, (batch, capacity) bound)
         self._batch: _DecodeBatch | None = None
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
@@ -100,18 +101,30 @@ class OnnxRuntimeExecutor:
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         return self.sessions["embed"].run(None, {"input_ids": input_ids.astype(np.int64)})[0]
 
-    def run_decoder(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One decoder run on `feeds` (the graph's inputs, the past included): float32 logits of the last token
-        (batch, vocab) and the new tokens' KV rows per layer and kind. Every input is bound by its address, so the
-        past is read where the store keeps it; only the outputs, the new rows, are allocated."""
+    def run_decoder(self, store: KvStore, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder run over the cache in `store` and the step's other inputs (embeds, positions, masks): float32
+        logits of the last token (batch, vocab) and the new tokens' KV rows per layer and kind.
+
+        The store's buffers are bound by address (ONNX Runtime IO binding), once per store and capacity: a step
+        rebinds only its four small inputs and the outputs, and the past is read where the store keeps it. Only
+        the outputs, the logits and the new rows, are allocated."""
         session = self.sessions["decoder"]
-        binding = session.io_binding()
-        for name, value in feeds.items():
-            value = np.ascontiguousarray(value)  # the same array when it is contiguous, as the store's views are
-            binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), value.ctypes.data)
+        shape = (store.batch, store.capacity)
+        binding, bound_shape = self._bindings.get(id(store), (None, None))
+        if binding is None or bound_shape != shape:
+            binding = session.io_binding()
+            for name, view in zip(self.kv_input_names, store.views(), strict=True):
+                binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+            self._bindings[id(store)] = (binding, shape)
+        binding.clear_binding_outputs()  # a bound output keeps its last shape; each run allocates its own
         binding.bind_output("logits", "cpu")
         for name in self.kv_output_names:
             binding.bind_output(name, "cpu")
+        kept = []
+        for name, value in inputs.items():
+            value = np.ascontiguousarray(value)
+            kept.append(value)  # alive until the run is over: bound by address
+            binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), value.ctypes.data)
         session.run_with_iobinding(binding)
         logits, *presents = binding.copy_outputs_to_cpu()
         return logits[:, -1].astype(np.float32), presents
@@ -135,10 +148,9 @@ class OnnxRuntimeExecutor:
         positions = batch.pasts[:, None].copy()
         keys = np.concatenate([batch.key_positions, positions], axis=1)
         full, sliding = attention_masks(positions, keys, sliding_window)
-        feeds = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
-        feeds["full_mask"], feeds["sliding_mask"] = full, sliding
-        feeds.update(zip(self.kv_input_names, store.views(), strict=True))
-        logits, presents = self.run_decoder(feeds)
+        inputs = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
+        inputs["full_mask"], inputs["sliding_mask"] = full, sliding
+        logits, presents = self.run_decoder(store, inputs)
         if batch.length + 1 > store.capacity:
             batch.grow(capacity_for(batch.length + 1, self.max_rows))
         store.append(batch.length, presents)
@@ -233,6 +245,11 @@ class OnnxSequence:
     def decoder_feeds(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> dict[str, np.ndarray]:
         """The decoder's inputs for the next run, as run() binds them: the masks spread over the cache's capacity,
         and the past as views of the slot's store (the calibration recorder copies them)."""
+        feeds = self._step_inputs(inputs_embeds, position_ids, full_mask, sliding_mask)
+        feeds.update(zip(self.executor.kv_input_names, self.store.views(), strict=True))
+        return feeds
+
+    def _step_inputs(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> dict[str, np.ndarray]:
         if self.slot is None:
             raise RuntimeError("this sequence was closed")
         executor = self.executor
@@ -249,19 +266,17 @@ class OnnxSequence:
                 view[:, :, 0] = 0.0  # the dead slot
             self.length = 1
         capacity = self.store.capacity
-        feeds = {
+        return {
             "inputs_embeds": inputs_embeds.astype(np.float32),
             "position_ids": position_ids.astype(np.int64),
             "full_mask": masks_over_capacity(full_mask, length, capacity),
             "sliding_mask": masks_over_capacity(sliding_mask, length, capacity),
         }
-        feeds.update(zip(executor.kv_input_names, self.store.views(), strict=True))
-        return feeds
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
         """Append the new tokens to the cache; return float32 logits of the last token, shape (batch, vocab)."""
-        feeds = self.decoder_feeds(inputs_embeds, position_ids, full_mask, sliding_mask)
-        logits, presents = self.executor.run_decoder(feeds)
+        inputs = self._step_inputs(inputs_embeds, position_ids, full_mask, sliding_mask)
+        logits, presents = self.executor.run_decoder(self.store, inputs)
         new = inputs_embeds.shape[1]
         if self.length + new > self.store.capacity:
             self.store.reshape(1, capacity_for(self.length + new, self.executor.max_rows), keep=self.length)
