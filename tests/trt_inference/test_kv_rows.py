@@ -67,7 +67,9 @@ def engine(fp32_bundle):
 def requests():
     films = [model_input_image(load_radiograph(png_bytes(quantize(chest_phantom(seed=s), 8)))) for s in range(3)]
     questions = ("Findings?", "Is the heart enlarged?", "Any pleural effusion on the left side?")
-    return [GenerationRequest(f, (ChatTurn("user", q),), max_new_tokens=8) for f, q in zip(films, questions, strict=True)]
+    return [
+        GenerationRequest(f, (ChatTurn("user", q),), max_new_tokens=8) for f, q in zip(films, questions, strict=True)
+    ]
 
 
 @slow
@@ -144,7 +146,9 @@ def test_a_running_batch_appends_to_its_store_and_gives_each_sequence_its_rows_b
         buffers, batch = list(executor.batch_store.flat), executor._batch
         for step in range(2, 4):
             executor.decode_batch(sequences, executor.embed(tokens), engine.sliding_window)
-            assert executor._batch is batch and all(a is b for a, b in zip(executor.batch_store.flat, buffers))
+            assert executor._batch is batch and all(
+                a is b for a, b in zip(executor.batch_store.flat, buffers, strict=True)
+            )
             assert batch.length == max(pasts) + 1 + step  # one row a step, for every member
         assert [s.past_length for s in sequences] == [p + 3 for p in pasts]
         sequences[1].truncate(pasts[1])  # used alone: its rows come back compact, then it rewinds

@@ -148,7 +148,7 @@ class OnnxRuntimeExecutor:
         positions = batch.pasts[:, None].copy()
         keys = np.concatenate([batch.key_positions, positions], axis=1)
         full, sliding = attention_masks(positions, keys, sliding_window)
-        inputs = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
+        inputs: dict[str, np.ndarray] = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
         inputs["full_mask"], inputs["sliding_mask"] = full, sliding
         logits, presents = self.run_decoder(store, inputs)
         if batch.length + 1 > store.capacity:
