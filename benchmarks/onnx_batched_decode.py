@@ -12,7 +12,7 @@ questions on different films, so their pasts differ in length, as in serving, th
 forms: its one copy of every past) before --steps timed ones. Figures per count: the fastest step, the median
 and the median process CPU time, in ms (a shared 2-core machine disturbs wall time; the fastest step is the least
 disturbed). Writes onnx_batched_decode.json and prints a table last; --profile DIR also writes ONNX Runtime's
-profile of --bundle's 8-sequence steps there.
+profiles of --bundle's 1- and 8-sequence steps there and sums their kernel time by operator type.
 """
 
 from __future__ import annotations
@@ -72,11 +72,14 @@ def main(argv=None) -> int:
                     best = figures[label].get(count)
                     if best is None or row["fastest"] < best["fastest"]:
                         figures[label][count] = row  # the least disturbed of the rounds
+        profiles = {}
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
             profiler = _Worker(args.bundle, here / "src", here, args.profile)
             try:
-                profiler.ask({"count": 8, "steps": args.steps, "warmup": args.warmup})
+                for count in (1, 8):
+                    request = {"count": count, "steps": args.steps, "warmup": args.warmup, "profile": True}
+                    profiles[count] = profiler.ask(request)["profile"]
             finally:
                 profiler.close()
     finally:
@@ -99,10 +102,25 @@ def main(argv=None) -> int:
         },
         "target": "N sequences in one step under 2x one sequence",
     }
+    if profiles:
+        result["profile"] = {"bundle": str(args.bundle), "per_sequences": profiles}
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "onnx_batched_decode.json").write_text(json.dumps(result, indent=1))
     print(table(result))
+    if profiles:
+        print(profile_table(profiles))
     return 0
+
+
+def profile_table(profiles: dict) -> str:
+    """ONNX Runtime's kernel time per decode step by operator type, 1 sequence against 8 (medians per node)."""
+    one, eight = profiles[1]["us_by_op"], profiles[8]["us_by_op"]
+    lines = ["| operator | 1 sequence, us/step | 8 sequences, us/step | 8 / 1 |", "|---|---|---|---|"]
+    for op in sorted(eight, key=lambda name: one.get(name, 0) - eight[name])[:12]:
+        lines.append(f"| {op} | {one.get(op, 0):.0f} | {eight[op]:.0f} | {eight[op] / max(one.get(op, 0), 1):.1f}x |")
+    total = [sum(p["us_by_op"].values()) for p in (profiles[1], profiles[8])]
+    lines.append(f"| all kernels | {total[0]:.0f} | {total[1]:.0f} | {total[1] / total[0]:.1f}x |")
+    return "\n".join(lines)
 
 
 def table(result: dict) -> str:
@@ -151,32 +169,62 @@ def _worker(bundle: Path, profile: Path | None) -> int:
     from medgemma_xray.trt_inference.trt_model import TRTInference
 
     engine = TRTInference(bundle, executor="onnxruntime-cpu", sequence_slots=max(COUNTS))
-    if profile:
-        _profile_decoder(engine, bundle, profile)
     try:
         for line in sys.stdin:
             request = json.loads(line)
+            if request.get("profile") and profile:
+                plain = _profile_decoder(engine, bundle, profile / f"decoder-{request['count']}")
             row = _measure(engine, request["count"], request["steps"], request["warmup"])
+            if request.get("profile") and profile:
+                trace = engine.executor.sessions["decoder"].end_profiling()
+                engine.executor.sessions["decoder"], engine.executor._bindings = plain, {}
+                row["profile"] = _summarise_profile(Path(trace), request["steps"])
             print(json.dumps(row), flush=True)
     finally:
-        if profile:
-            engine.executor.sessions["decoder"].end_profiling()
         engine.close()
     return 0
 
 
-def _profile_decoder(engine, bundle: Path, folder: Path) -> None:
-    """Reopen the decoder's session with ONNX Runtime's profiler on (same options otherwise)."""
+def _profile_decoder(engine, bundle: Path, prefix: Path):
+    """Swap in a decoder session with ONNX Runtime's profiler on (same options otherwise); returns the plain one.
+    The executor's IO bindings belong to a session, so they are dropped and made again on the next run."""
     import onnxruntime as ort
 
     executor = engine.executor
+    plain = executor.sessions["decoder"]
     options = ort.SessionOptions()
-    options.intra_op_num_threads = executor.sessions["decoder"].get_session_options().intra_op_num_threads
+    options.intra_op_num_threads = plain.get_session_options().intra_op_num_threads
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, executor.optimization_level)
     options.enable_profiling = True
-    options.profile_file_prefix = str(folder / "decoder")
+    options.profile_file_prefix = str(prefix)
     onnx_file = bundle / engine.manifest["graphs"]["decoder"]["onnx"]
     executor.sessions["decoder"] = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+    executor._bindings = {}
+    return plain
+
+
+def _summarise_profile(trace: Path, steps: int) -> dict:
+    """Kernel time per decode step: the median of each node over the last `steps` runs (the timed steps; the
+    prefills and warm-up come first), summed by operator type. The profiler's own cost per node is in these
+    figures, the same at every batch size."""
+    events = json.loads(trace.read_text())
+    runs = [event for event in events if event.get("name") == "model_run"][-steps:]
+    start = runs[0]["ts"]
+    per_node: dict[str, list[float]] = {}
+    op_of: dict[str, str] = {}
+    for event in events:
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time") and event["ts"] >= start:
+            node = event["name"][: -len("_kernel_time")]
+            per_node.setdefault(node, []).append(event["dur"])
+            op_of[node] = event["args"]["op_name"]
+    us_by_op: dict[str, float] = {}
+    for node, durations in per_node.items():
+        us_by_op[op_of[node]] = us_by_op.get(op_of[node], 0.0) + statistics.median(durations)
+    return {
+        "trace": str(trace),
+        "model_run_median_us": statistics.median(run["dur"] for run in runs),
+        "us_by_op": dict(sorted(us_by_op.items(), key=lambda item: -item[1])),
+    }
 
 
 def _measure(engine, count: int, steps: int, warmup: int) -> dict:

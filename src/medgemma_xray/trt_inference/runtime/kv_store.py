@@ -17,9 +17,14 @@ class KvStore:
         self.kv_heads, self.head_dim, self.max_rows, self.max_batch = kv_heads, head_dim, max_rows, max_batch
         self.flat = [np.zeros(max_batch * kv_heads * max_rows * head_dim, dtype=np.float32) for _ in range(tensors)]
         self.batch, self.capacity = max_batch, 0
+        self._views: list[np.ndarray] = self._make_views()
 
     def views(self) -> list[np.ndarray]:
-        """Every layer's and kind's cache as (batch, kv_heads, capacity, head_dim): contiguous views of the buffers."""
+        """Every layer's and kind's cache as (batch, kv_heads, capacity, head_dim): contiguous views of the buffers
+        (made again only when the shape changes)."""
+        return self._views
+
+    def _make_views(self) -> list[np.ndarray]:
         size = self.batch * self.kv_heads * self.capacity * self.head_dim
         shape = (self.batch, self.kv_heads, self.capacity, self.head_dim)
         return [flat[:size].reshape(shape) for flat in self.flat]
@@ -41,6 +46,7 @@ class KvStore:
                 new = flat[: blocks * capacity * dim].reshape(blocks, capacity, dim)
                 new[:, :keep] = old[:, :keep]
         self.batch, self.capacity = batch, capacity
+        self._views = self._make_views()
 
     def append(self, start: int, rows: list[np.ndarray]) -> None:
         """Write the new rows (batch, kv_heads, new, head_dim) of every layer and kind at row `start`."""

@@ -105,21 +105,21 @@ class OnnxRuntimeExecutor:
         """One decoder run over the cache in `store` and the step's other inputs (embeds, positions, masks): float32
         logits of the last token (batch, vocab) and the new tokens' KV rows per layer and kind.
 
-        The store's buffers are bound by address (ONNX Runtime IO binding), once per store and capacity: a step
-        rebinds only its four small inputs and the outputs, and the past is read where the store keeps it. Only
-        the outputs, the logits and the new rows, are allocated."""
+        The store's buffers are bound by address (ONNX Runtime IO binding), once per store, capacity and number of
+        new tokens: a decode step rebinds only its four small inputs, and the past is read where the store keeps it.
+        Only the outputs, the logits and the new rows, are written (then copied out: they are small)."""
         session = self.sessions["decoder"]
-        shape = (store.batch, store.capacity)
+        shape = (store.batch, store.capacity, inputs["inputs_embeds"].shape[1])
         binding, bound_shape = self._bindings.get(id(store), (None, None))
         if binding is None or bound_shape != shape:
+            # Outputs too: a bound output keeps the shape of its first run (the new rows: 1 on a decode step).
             binding = session.io_binding()
             for name, view in zip(self.kv_input_names, store.views(), strict=True):
                 binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+            binding.bind_output("logits", "cpu")
+            for name in self.kv_output_names:
+                binding.bind_output(name, "cpu")
             self._bindings[id(store)] = (binding, shape)
-        binding.clear_binding_outputs()  # a bound output keeps its last shape; each run allocates its own
-        binding.bind_output("logits", "cpu")
-        for name in self.kv_output_names:
-            binding.bind_output(name, "cpu")
         kept = []
         for name, value in inputs.items():
             value = np.ascontiguousarray(value)
