@@ -10,8 +10,9 @@ machine at nearly the same moments. A step is what serving runs: one sequence al
 one batched call (`decode_batch`); every sequence advances one token. The sequences first prefill different
 questions on different films, so their pasts differ in length, as in serving, then take --warmup steps (the batch
 forms: its one copy of every past) before --steps timed ones. Figures per count: the fastest step, the median
-and the median process CPU time, in ms (a shared 2-core machine disturbs wall time; the fastest step is the least
-disturbed). Writes onnx_batched_decode.json and prints a table last; --profile DIR also writes ONNX Runtime's
+and the median process CPU time, in ms, each the lowest over --rounds rounds (a shared 2-core machine disturbs
+wall time; the least disturbed round is the closest to the work itself; every round is recorded). ONNX Runtime
+takes its threads as serving does (OMP_NUM_THREADS, else the cores this process may use). Writes onnx_batched_decode.json and prints a table last; --profile DIR also writes ONNX Runtime's
 profiles of --bundle's 1- and 8-sequence steps there and sums their kernel time by operator type.
 """
 
@@ -69,9 +70,10 @@ def main(argv=None) -> int:
             for count in COUNTS:
                 for label, worker in workers.items():
                     row = worker.ask({"count": count, "steps": args.steps, "warmup": args.warmup})
-                    best = figures[label].get(count)
-                    if best is None or row["fastest"] < best["fastest"]:
-                        figures[label][count] = row  # the least disturbed of the rounds
+                    best = figures[label].setdefault(count, {**row, "rounds": []})
+                    best["rounds"].append(row)
+                    for key in ("fastest", "median", "cpu_median"):  # each the least disturbed of the rounds
+                        best[key] = min(best[key], row[key])
         profiles = {}
         if args.profile:
             args.profile.mkdir(parents=True, exist_ok=True)
@@ -91,6 +93,7 @@ def main(argv=None) -> int:
         "command": " ".join(["python -m benchmarks.onnx_batched_decode", *sys.argv[1:]]),
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()},
         "load_average": os.getloadavg(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
         "bundles": {label: {"bundle": str(bundle), "src": str(src)} for label, (bundle, src) in runs.items()},
         "ms_per_step": figures,
         "ratio_to_one": {

@@ -261,7 +261,7 @@ class OnnxSequence:
         if total > executor.max_rows:
             raise ValueError(f"conversation of {total - 1} tokens exceeds the bundle's maximum {executor.max_sequence}")
         if self.length == 0:
-            self.store.reshape(1, capacity_for(total, executor.max_rows))
+            self.store.reshape(1, capacity_for(1, executor.max_rows))  # grows after the run
             for view in self.store.views():
                 view[:, :, 0] = 0.0  # the dead slot
             self.length = 1
@@ -286,13 +286,18 @@ class OnnxSequence:
 
     def truncate(self, past_length: int) -> None:
         """Keep the first past_length tokens (and the dead slot); the next run continues from there. The rows
-        after them stay where they are, masked, until new tokens overwrite them: nothing is copied."""
+        after them stay where they are, masked, until new tokens overwrite them; the capacity shrinks to fit (the
+        kept rows re-laid in place) when it is a block or more too large, so a run reads at most KV_BLOCK - 1
+        unused rows."""
         if not 0 <= past_length <= self.past_length:
             raise ValueError(f"cannot truncate a cache of {self.past_length} tokens to {past_length}")
         if self.batch is not None:
             self._take_from_batch(self.batch.members.index(self))
         if self.length:
             self.length = past_length + 1
+            fitting = capacity_for(self.length, self.executor.max_rows)
+            if fitting < self.store.capacity:
+                self.store.reshape(1, fitting, keep=self.length)
 
     def close(self) -> None:
         """Give the slot back. Idempotent."""

@@ -363,7 +363,7 @@ class _TensorRTSequence:
             raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {self.past_length} plus {new} new")
         with e.lock:
             if self.length == 0:
-                self.length, self.capacity = 1, capacity_for(total, e.max_rows)
+                self.length, self.capacity = 1, capacity_for(1, e.max_rows)  # grows after the run
             feeds = {
                 "inputs_embeds": (inputs_embeds, np.float32),
                 "position_ids": (position_ids, np.int64),
@@ -424,13 +424,21 @@ class _TensorRTSequence:
 
     def truncate(self, past_length: int) -> None:
         """Keep the first past_length tokens (and the dead slot). The rows after them stay where they are, masked,
-        until new tokens overwrite them: nothing is copied."""
+        until new tokens overwrite them; the capacity shrinks to fit (re-laying the kept rows) when it is a block
+        or more too large, so that a run never reads more than KV_BLOCK - 1 unused rows and its masks fit the
+        slot's mask buffers."""
         if self.slot is None:
             raise RuntimeError("this sequence was closed")
         if not 0 <= past_length <= self.past_length:
             raise ValueError(f"cannot truncate a cache of {self.past_length} tokens to {past_length}")
-        if self.length:
-            self.length = past_length + 1
+        if not self.length:
+            return
+        self.length = past_length + 1
+        fitting = capacity_for(self.length, self.executor.max_rows)
+        if fitting < self.capacity:
+            with self.executor.lock:
+                self._relayout(fitting)
+                self.executor.open_stream.synchronize()
 
     def close(self) -> None:
         """Give the slot back. Idempotent."""
