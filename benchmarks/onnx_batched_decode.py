@@ -74,14 +74,15 @@ def main(argv=None) -> int:
                     best["rounds"].append(row)
                     for key in ("fastest", "median", "cpu_median"):  # each the least disturbed of the rounds
                         best[key] = min(best[key], row[key])
-        profiles = {}
-        if args.profile:
-            args.profile.mkdir(parents=True, exist_ok=True)
-            profiler = _Worker(args.bundle, here / "src", here, args.profile)
+        profiles: dict[str, dict] = {}
+        for label, (bundle, src) in runs.items() if args.profile else ():
+            folder = args.profile / label.replace(" ", "-")
+            folder.mkdir(parents=True, exist_ok=True)
+            profiler = _Worker(bundle, src, here, folder)
             try:
                 for count in (1, 8):
                     request = {"count": count, "steps": args.steps, "warmup": args.warmup, "profile": True}
-                    profiles[count] = profiler.ask(request)["profile"]
+                    profiles.setdefault(label, {})[count] = profiler.ask(request)["profile"]
             finally:
                 profiler.close()
     finally:
@@ -106,12 +107,12 @@ def main(argv=None) -> int:
         "target": "N sequences in one step under 2x one sequence",
     }
     if profiles:
-        result["profile"] = {"bundle": str(args.bundle), "per_sequences": profiles}
+        result["profile"] = profiles
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "onnx_batched_decode.json").write_text(json.dumps(result, indent=1))
     print(table(result))
-    if profiles:
-        print(profile_table(profiles))
+    for label, profile in profiles.items():
+        print(f"\nONNX Runtime's kernel time per step, {label}:\n{profile_table(profile)}")
     return 0
 
 
@@ -119,7 +120,7 @@ def profile_table(profiles: dict) -> str:
     """ONNX Runtime's kernel time per decode step by operator type, 1 sequence against 8 (medians per node)."""
     one, eight = profiles[1]["us_by_op"], profiles[8]["us_by_op"]
     lines = ["| operator | 1 sequence, us/step | 8 sequences, us/step | 8 / 1 |", "|---|---|---|---|"]
-    for op in sorted(eight, key=lambda name: one.get(name, 0) - eight[name])[:12]:
+    for op in sorted(eight, key=lambda name: one.get(name, 0) - eight[name])[:8]:
         lines.append(f"| {op} | {one.get(op, 0):.0f} | {eight[op]:.0f} | {eight[op] / max(one.get(op, 0), 1):.1f}x |")
     total = [sum(p["us_by_op"].values()) for p in (profiles[1], profiles[8])]
     lines.append(f"| all kernels | {total[0]:.0f} | {total[1]:.0f} | {total[1] / total[0]:.1f}x |")
