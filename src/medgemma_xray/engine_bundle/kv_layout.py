@@ -13,8 +13,10 @@ slot). The capacity grows in KV_BLOCK steps: the re-layout that growing needs co
 tokens, and attention reads at most KV_BLOCK - 1 masked rows. Masked rows must hold finite values (0 x NaN is
 NaN); the buffers start as zeros and only ever receive the graph's own outputs.
 
-This is ONNX Runtime GenAI's approach without its contrib operator: GenAI preallocates (batch, kv_heads,
-max_length, head_dim) buffers and has GroupQueryAttention write the new rows in place (past_present_share_buffer).
+This is ONNX Runtime GenAI's approach without its contrib operator: with past_present_share_buffer, GenAI
+preallocates (batch, kv_heads, max_length, head_dim) buffers and has GroupQueryAttention write the new rows in
+place; without it, "the present KV cache buffers are re-allocated before every forward pass of the model and
+copied" (onnxruntime.ai/docs/genai/howto/past-present-share-buffer.html), which is what format 1 did.
 A contrib operator would not parse in TensorRT, which builds from the same graphs, so here the runtime does the
 write, and the capacity (rather than max_length) keeps attention from reading a whole max-length buffer each step.
 """
