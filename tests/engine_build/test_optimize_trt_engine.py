@@ -83,7 +83,8 @@ def test_the_decoder_profile_satisfies_past_plus_new_equals_total():
     for level in range(3):  # kMIN, kOPT, kMAX
         new, past = decoder["inputs_embeds"][level][1], decoder["past_key_0"][level][2]
         assert decoder["full_mask"][level][3] == decoder["sliding_mask"][level][3] == new + past
-    assert decoder["inputs_embeds"][2][1] == 1024 and decoder["past_key_1"][2][2] == 1024
+    # the past is the cache at its capacity: up to max_sequence + 1 rows, the dead slot included (format 2)
+    assert decoder["inputs_embeds"][2][1] == 1024 and decoder["past_key_1"][2][2] == 1025
 
 
 def test_graphs_carry_explicit_qdq(int8_bundle):

@@ -127,6 +127,18 @@ def test_truncate_keeps_exactly_the_first_tokens(standin_bundle, standins, execu
 
 
 @pytest.mark.parametrize("executor", ["tensorrt", "onnxruntime-cpu"])
+def test_a_long_cache_truncated_short_takes_a_long_prefill_again(standin_bundle, standins, executor):
+    """The cache's capacity follows a truncation down: a 1,500-token prefill after truncating a 1,520-token cache
+    to 10 tokens fits the slot's mask buffers (keys = capacity + new) and matches a fresh sequence."""
+    backend = open_bundle(standin_bundle, executor)
+    try:
+        prompt, tail = [10 + index % 900 for index in range(1500)], list(range(100, 120))
+        assert truncate_then_continue(backend.executor, 512, prompt, tail, 10) < 1e-4
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("executor", ["tensorrt", "onnxruntime-cpu"])
 def test_no_free_slot_raises_after_the_timeout(standin_bundle, standins, executor):
     backend = open_bundle(standin_bundle, executor, sequence_slots=1)
     try:

@@ -117,10 +117,13 @@ class EngineBuilder:
 def graph_profiles(shapes: dict) -> dict[str, Profile]:
     """Optimization profiles for the three graphs from the manifest's shapes (batch range, max sequence).
 
-    The decoder's profile is self-consistent: TensorRT checks that past + new == total holds at kMIN, kOPT and
-    kMAX, so total's maximum is past's maximum plus new's maximum (2 x max_seq), not max_seq + 1. What the
-    runtime sends never exceeds max_seq + 1 keys; the executor's buffers are sized for that.
+    The decoder's past is the KV cache at its capacity (engine_bundle/kv_layout.py): up to max_seq + 1 rows (the
+    dead slot included). The profile is self-consistent: TensorRT checks that past + new == total holds at kMIN,
+    kOPT and kMAX, so total's maximum is past's maximum plus new's maximum, not max_seq + 1. The runtime sends at
+    most capacity + new keys, capacity < 1 + past + KV_BLOCK; the executor's buffers are sized for that.
     """
+    from medgemma_xray.engine_bundle.kv_layout import capacity_for
+
     batch, max_batch = 1, shapes["max_batch"]
     image, hidden, tokens = shapes["image_size"], shapes["hidden"], shapes["image_tokens"]
     max_seq = shapes["max_sequence"]
@@ -131,7 +134,7 @@ def graph_profiles(shapes: dict) -> dict[str, Profile]:
     )
     embed = Profile({"input_ids": ((1, 1), (1, typical_prompt), (1, max_seq))})
     new = (1, 1, max_seq)
-    past = (1, typical_prompt, max_seq)  # includes the dead slot
+    past = (1, capacity_for(1 + typical_prompt, max_seq + 1), max_seq + 1)  # capacities, the dead slot included
     total = tuple(n + p for n, p in zip(new, past, strict=True))
     decoder_shapes = {
         "inputs_embeds": tuple((1, n, hidden) for n in new),

@@ -174,14 +174,8 @@ class RecordingSequence:
         return self.inner.past_length
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask):
-        feed = {
-            "inputs_embeds": inputs_embeds.astype("float32"),
-            "position_ids": position_ids.astype("int64"),
-            "full_mask": full_mask,
-            "sliding_mask": sliding_mask,
-            **self.inner.past_feeds(inputs_embeds.shape[0]),
-        }
-        self.sink.append(feed)
+        feed = self.inner.decoder_feeds(inputs_embeds, position_ids, full_mask, sliding_mask)
+        self.sink.append({name: value.copy() for name, value in feed.items()})  # the past is a view of the live cache
         return self.inner.run(inputs_embeds, position_ids, full_mask, sliding_mask)
 
     def truncate(self, past_length: int) -> None:

@@ -3,8 +3,10 @@
 vision:  pixel_values (B,3,896,896) -> image_embeds (B,256,H): SigLIP tower + Gemma 3 projector
 embed:   input_ids (B,S) -> inputs_embeds (B,S,H): scaled token embeddings (the image rows are replaced
          by image_embeds in the runtime; image tokens are one contiguous run of 256)
-decoder: inputs_embeds, position_ids, full_mask, sliding_mask, past KV per layer -> last-token logits,
-         present KV per layer. Masks are inputs (see masks.py); past length >= 1 (dead slot).
+decoder: inputs_embeds, position_ids, full_mask, sliding_mask, past KV per layer (batch, kv_heads, capacity,
+         head_dim) -> last-token logits, and per layer the KV rows of the new tokens only (batch, kv_heads, new,
+         head_dim). Masks are inputs (see masks.py) over capacity + new keys; capacity >= 1 (dead slot). The
+         runtime keeps the cache and writes the new rows in (engine_bundle/kv_layout.py says why).
 """
 
 from __future__ import annotations
@@ -62,6 +64,16 @@ class EmbedGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
+    """Gemma 3's text model over a past it does not copy: attention reads the past and the new rows separately.
+
+    transformers' DynamicCache concatenates past and new into one tensor per layer, which ONNX export turns into a
+    Concat of the whole past every step, returned as `present` (format 1). Here a cache of new rows only
+    (_NewRowsCache) hands each layer its new keys and values, and an attention function registered with
+    transformers (_attention_over_past_and_new) scores the past and the new keys in two products, concatenating
+    only the scores (1/head_dim the size of the keys), and sums the two weighted values. The same arithmetic as
+    transformers' eager attention, in another order of summation; parity.py measures the difference.
+    """
+
     def __init__(self, model) -> None:
         super().__init__()
         self.text_model = model.model.language_model
@@ -71,25 +83,88 @@ class DecoderGraph(nn.Module):
         self.layers = text_config.num_hidden_layers
 
     def forward(self, inputs_embeds, position_ids, full_mask, sliding_mask, *past):
-        from transformers import DynamicCache
-
-        cache = DynamicCache()  # plain layers for every type: the sliding window lives in sliding_mask
-        for layer in range(self.layers):
-            cache.update(past[2 * layer], past[2 * layer + 1], layer)
-        output = self.text_model(
-            inputs_embeds=inputs_embeds,
-            position_ids=position_ids,
-            attention_mask={"full_attention": full_mask, "sliding_attention": sliding_mask},
-            past_key_values=cache,
-            use_cache=True,
-        )
+        cache = _NewRowsCache()
+        config = self.text_model.config
+        saved = config._attn_implementation
+        config._attn_implementation = _register_split_attention()  # only while this graph runs (restored below)
+        try:
+            output = self.text_model(
+                inputs_embeds=inputs_embeds,
+                position_ids=position_ids,
+                attention_mask={"full_attention": full_mask, "sliding_attention": sliding_mask},
+                past_key_values=cache,
+                use_cache=True,
+                past_rows=past,
+            )
+        finally:
+            config._attn_implementation = saved
         logits = self.lm_head(output.last_hidden_state[:, -1:, :])
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         presents = []
         for layer in range(self.layers):
-            presents += [cache.layers[layer].keys, cache.layers[layer].values]
+            presents += list(cache.new_rows[layer])
         return (logits, *presents)
+
+
+class _NewRowsCache:
+    """What Gemma 3's attention layers ask of a cache (update), keeping only each layer's new keys and values."""
+
+    def __init__(self) -> None:
+        self.new_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.new_rows[layer_idx] = (key_states, value_states)
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # position_ids are always given; never asked for
+        raise NotImplementedError("the decoder graph takes explicit position_ids")
+
+
+SPLIT_ATTENTION = "medgemma_past_and_new"
+
+
+def _register_split_attention() -> str:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(SPLIT_ATTENTION, _attention_over_past_and_new)
+    return SPLIT_ATTENTION
+
+
+def _attention_over_past_and_new(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, past_rows=(), **kwargs
+):
+    """Eager attention over [past rows, new rows] without concatenating them.
+
+    Query head h uses KV head h // groups (transformers' repeat_kv). Rather than repeating the keys (a copy of the
+    past), the query is regrouped as (batch, kv_heads, groups, new, dim) against keys (batch, kv_heads, 1, rows,
+    dim): a MatMul that broadcasts the keys over the groups. On a decode step each product then has one query row,
+    which ONNX Runtime's CPU GEMM (MLAS) runs straight from the keys where they lie; with two or more rows it
+    first packs (copies) the whole past into its own layout.
+    """
+    past_key, past_value = past_rows[2 * module.layer_idx], past_rows[2 * module.layer_idx + 1]
+    batch, heads, new, dim = query.shape
+    kv_heads = key.shape[1]
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, new, dim)
+    scores = torch.cat(
+        [
+            torch.matmul(grouped, past_key.unsqueeze(2).transpose(3, 4)),
+            torch.matmul(grouped, key.unsqueeze(2).transpose(3, 4)),
+        ],
+        dim=-1,
+    )
+    scores = scores.reshape(batch, heads, new, -1) * (scaling if scaling is not None else dim**-0.5)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = weights.reshape(batch, kv_heads, heads // kv_heads, new, -1)
+    capacity = past_key.shape[2]
+    output = torch.matmul(weights[..., :capacity], past_value.unsqueeze(2)) + torch.matmul(
+        weights[..., capacity:], value.unsqueeze(2)
+    )
+    return output.reshape(batch, heads, new, dim).transpose(1, 2).contiguous(), None
 
 
 def export_graphs(
@@ -142,9 +217,9 @@ def export_graphs(
             "logits": {0: "batch"},
         }
         for name in shape.kv_names("past"):
-            axes[name] = {0: "batch", 2: "past"}
+            axes[name] = {0: "batch", 2: "capacity"}
         for name in shape.kv_names("present"):
-            axes[name] = {0: "batch", 2: "total"}
+            axes[name] = {0: "batch", 2: "sequence"}  # the new tokens' rows only (format 2)
         _export(
             DecoderGraph(model),
             tuple(decoder_inputs.values()),

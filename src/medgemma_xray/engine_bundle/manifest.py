@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+# 2: the decoder returns only the new tokens' KV rows and reads its past at a capacity (kv_layout.py). A format-1
+# bundle's decoder returns the whole past every step, which this runtime no longer binds.
+FORMAT_VERSION = 2
+FORMAT_CHANGES = {1: "its decoder copies the whole KV past into its output at every step"}
 
 
 class ManifestError(ValueError):
@@ -39,7 +42,12 @@ def read_manifest(bundle_dir: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{path} is not valid JSON ({exc}); rebuild the bundle.") from exc
     if manifest.get("format") != FORMAT_VERSION:
-        raise ManifestError(f"{path}: manifest format {manifest.get('format')} is not {FORMAT_VERSION}; rebuild.")
+        found = manifest.get("format")
+        why = f" ({FORMAT_CHANGES[found]})" if found in FORMAT_CHANGES else ""
+        raise ManifestError(
+            f"{path}: bundle format {found} is not {FORMAT_VERSION}, the format this runtime serves{why}. Rebuild "
+            f"the bundle with this version: {rebuild_command(manifest)}"
+        )
     for key in ("model", "precision", "graphs", "shapes", "tokens", "tensorrt", "build"):
         if key not in manifest:
             raise ManifestError(f"{path}: manifest lacks '{key}'; rebuild the bundle.")

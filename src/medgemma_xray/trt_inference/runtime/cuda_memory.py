@@ -102,14 +102,31 @@ def copy_device_to_host(host: np.ndarray, device: DeviceBuffer, stream: CudaStre
 
 
 def copy_device_to_device_2d(
-    target: DeviceBuffer, target_pitch: int, source: DeviceBuffer, source_pitch: int, width: int, rows: int, stream
+    target: DeviceBuffer,
+    target_pitch: int,
+    source: DeviceBuffer,
+    source_pitch: int,
+    width: int,
+    rows: int,
+    stream,
+    target_offset: int = 0,
 ) -> None:
-    """rows x width bytes between two pitched layouts (re-packing a KV cache to a shorter length)."""
+    """rows x width bytes between two pitched layouts, the target's first row target_offset bytes into its buffer
+    (re-laying a KV cache at another capacity; writing a step's new rows into every head's rows)."""
+    if target_offset + (rows - 1) * target_pitch + width > target.nbytes:
+        raise ValueError(f"a {rows} x {width}-byte copy at {target_offset} overruns a buffer of {target.nbytes}")
     cudart = _cudart()
     kind = cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
     cuda_call(
         cudart.cudaMemcpy2DAsync(
-            target.pointer, target_pitch, source.pointer, source_pitch, width, rows, kind, stream.handle
+            int(target.pointer) + target_offset,
+            target_pitch,
+            source.pointer,
+            source_pitch,
+            width,
+            rows,
+            kind,
+            stream.handle,
         )
     )
 

@@ -3,19 +3,25 @@
 This is how CI and CPU hosts exercise the exact graphs of an engine bundle. Same sequence API as the TensorRT
 executor: slots lent with a timeout, run / truncate / past_length, vision batches split by max_batch. Decode
 steps of several sequences run as one batch (`decode_batch`): pasts padded to one length with masked keys.
+
+The KV cache lives in buffers this executor allocates once (kv_store.py): one store per slot, and one for the
+running decode batch. Each decoder run binds them where they lie (ONNX Runtime IO binding by address), gets back
+only the new tokens' rows (manifest format 2, engine_bundle/kv_layout.py) and writes those in. So a decode step
+copies one row per sequence, where format 1 copied every sequence's whole past into a new output every step.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import cast
 
 import numpy as np
 
 from medgemma_xray.engine_bundle.defaults import DEFAULT_SEQUENCE_SLOTS
+from medgemma_xray.engine_bundle.kv_layout import capacity_for, masks_over_capacity
 from medgemma_xray.engine_bundle.manifest import ManifestError, rebuild_command
-from medgemma_xray.engine_bundle.names import kv_input_names
+from medgemma_xray.engine_bundle.names import KV_KINDS, kv_input_names, present_name
+from medgemma_xray.trt_inference.runtime.kv_store import KvStore
 from medgemma_xray.trt_inference.runtime.slots import DEFAULT_SLOT_TIMEOUT_S, SlotPool
 
 # ORT_ENABLE_ALL's SimplifiedLayerNormFusion breaks on fp16/bf16 graphs; EXTENDED runs them. Above BASIC, ORT
@@ -72,8 +78,15 @@ class OnnxRuntimeExecutor:
         shapes = manifest["shapes"]
         self.layers, self.kv_heads, self.head_dim = shapes["layers"], shapes["kv_heads"], shapes["head_dim"]
         self.max_batch, self.max_sequence = shapes["max_batch"], shapes["max_sequence"]
+        self.max_rows = self.max_sequence + 1  # the dead slot, then at most max_sequence tokens
         self.kv_input_names = kv_input_names(self.layers)
-        self.slots: SlotPool[int] = SlotPool(list(range(sequence_slots)))
+        self.kv_output_names = [present_name(kind, layer) for layer in range(self.layers) for kind in KV_KINDS]
+        tensors = len(self.kv_input_names)
+        self.slots: SlotPool[KvStore] = SlotPool(
+            [KvStore(tensors, 1, self.kv_heads, self.head_dim, self.max_rows) for _ in range(sequence_slots)]
+        )
+        self.batch_store = KvStore(tensors, sequence_slots, self.kv_heads, self.head_dim, self.max_rows)
+        self._bindings: dict[int, tuple] = {}  # id(store) -> (IO binding of its buffers, (batch, capacity) bound)
         self._batch: _DecodeBatch | None = None
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
@@ -88,55 +101,82 @@ class OnnxRuntimeExecutor:
     def embed(self, input_ids: np.ndarray) -> np.ndarray:
         return self.sessions["embed"].run(None, {"input_ids": input_ids.astype(np.int64)})[0]
 
+    def run_decoder(self, store: KvStore, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One decoder run over the cache in `store` and the step's other inputs (embeds, positions, masks): float32
+        logits of the last token (batch, vocab) and the new tokens' KV rows per layer and kind.
+
+        The store's buffers are bound by address (ONNX Runtime IO binding), once per store, capacity and number of
+        new tokens: a decode step rebinds only its four small inputs, and the past is read where the store keeps it.
+        Only the outputs, the logits and the new rows, are written (then copied out: they are small)."""
+        session = self.sessions["decoder"]
+        shape = (store.batch, store.capacity, inputs["inputs_embeds"].shape[1])
+        binding, bound_shape = self._bindings.get(id(store), (None, None))
+        if binding is None or bound_shape != shape:
+            # Outputs too: a bound output keeps the shape of its first run (the new rows: 1 on a decode step).
+            binding = session.io_binding()
+            for name, view in zip(self.kv_input_names, store.views(), strict=True):
+                binding.bind_input(name, "cpu", 0, np.float32, list(view.shape), view.ctypes.data)
+            binding.bind_output("logits", "cpu")
+            for name in self.kv_output_names:
+                binding.bind_output(name, "cpu")
+            self._bindings[id(store)] = (binding, shape)
+        kept = []
+        for name, value in inputs.items():
+            value = np.ascontiguousarray(value)
+            kept.append(value)  # alive until the run is over: bound by address
+            binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), value.ctypes.data)
+        session.run_with_iobinding(binding)
+        logits, *presents = binding.copy_outputs_to_cpu()
+        return logits[:, -1].astype(np.float32), presents
+
     def decode_batch(self, sequences: list[OnnxSequence], inputs_embeds: np.ndarray, sliding_window: int) -> np.ndarray:
         """One new token for each sequence in ONE decoder run with a batch axis; float32 logits (batch, vocab).
 
-        Each row's past is padded to the longest past with masked keys (key position -1, as the dead slot), and
-        its position is its own past length, so a row sees exactly its own tokens: the same logits as running it
-        alone, up to the floating-point order of a batched matrix product. While the same sequences decode step
-        after step, the batch's padded KV (the decoder's own output) is fed straight back, with no copy: each
-        sequence's compact KV is cut out of it only when the batch changes or the sequence is used alone."""
+        The batch's cache is the executor's batch store: each member's rows are copied in when the batch forms,
+        padded to the longest with masked keys (key position -1, as the dead slot), and each row's position is its
+        own past length, so a row sees exactly its own tokens: the same logits as running it alone, up to the
+        floating-point order of a batched matrix product. While the same sequences decode step after step, each
+        step appends one row per sequence to the store and nothing else is copied; a member's rows go back to
+        its own slot only when the batch changes or the sequence is used alone."""
         from medgemma_xray.engine_bundle.masks import attention_masks
 
         batch = self._batch
         if batch is None or batch.members != sequences or any(s.batch is not batch for s in sequences):
             self.flush_batch()
-            batch = self._pad_batch(sequences)
+            batch = self._form_batch(sequences)
+        store = self.batch_store
         positions = batch.pasts[:, None].copy()
-        key_positions = np.concatenate([batch.key_positions, positions], axis=1)
-        full, sliding = attention_masks(positions, key_positions, sliding_window)
-        feeds = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
-        feeds["full_mask"], feeds["sliding_mask"] = full, sliding
-        feeds.update(zip(self.kv_input_names, batch.kv, strict=True))
-        logits, *presents = self.sessions["decoder"].run(None, feeds)
-        batch.kv, batch.key_positions, batch.pasts = presents, key_positions, batch.pasts + 1
+        keys = np.concatenate([batch.key_positions, positions], axis=1)
+        full, sliding = attention_masks(positions, keys, sliding_window)
+        inputs: dict[str, np.ndarray] = {"inputs_embeds": inputs_embeds.astype(np.float32), "position_ids": positions}
+        inputs["full_mask"], inputs["sliding_mask"] = full, sliding
+        logits, presents = self.run_decoder(store, inputs)
+        if batch.length + 1 > store.capacity:
+            batch.grow(capacity_for(batch.length + 1, self.max_rows))
+        store.append(batch.length, presents)
+        batch.key_positions[:, batch.length] = batch.pasts
+        batch.length, batch.pasts = batch.length + 1, batch.pasts + 1
         self._batch = batch
-        return logits[:, -1].astype(np.float32)
+        return logits
 
-    def _pad_batch(self, sequences: list[OnnxSequence]) -> _DecodeBatch:
-        pasts = np.asarray([sequence.past_length for sequence in sequences], dtype=np.int64)
-        longest = int(pasts.max())
-        key_positions = np.full((len(sequences), longest + 1), -1, dtype=np.int64)
-        kv = []
-        for row, past in enumerate(pasts):
-            key_positions[row, 1 : 1 + past] = np.arange(past)
-        for index in range(len(self.kv_input_names)):
-            padded = np.empty((len(sequences), self.kv_heads, longest + 1, self.head_dim), dtype=np.float32)
-            for row, sequence in enumerate(sequences):
-                keep = int(pasts[row]) + 1
-                if sequence.kv is None:
-                    padded[row, :, :keep] = 0.0
-                else:
-                    padded[row, :, :keep] = sequence.kv[index][0]
-                padded[row, :, keep:] = 0.0  # masked, but must be finite: 0 x NaN would still be NaN
-            kv.append(padded)
-        batch = _DecodeBatch(list(sequences), kv, key_positions, pasts)
+    def _form_batch(self, sequences: list[OnnxSequence]) -> _DecodeBatch:
+        lengths = [sequence.rows for sequence in sequences]
+        longest = max(lengths)
+        store = self.batch_store
+        store.reshape(len(sequences), capacity_for(longest + 1, self.max_rows))
+        key_positions = np.full((len(sequences), store.capacity), -1, dtype=np.int64)
+        batch_views = store.views()
+        for row, (sequence, length) in enumerate(zip(sequences, lengths, strict=True)):
+            key_positions[row, 1:length] = np.arange(length - 1)
+            for target, source in zip(batch_views, sequence.store.views(), strict=True):
+                target[row, :, :length] = source[0, :, :length] if sequence.length else 0.0  # never run: dead slot
+        batch = _DecodeBatch(self, list(sequences), key_positions, longest)
         for sequence in sequences:
-            sequence._kv, sequence.batch = None, batch
+            sequence.batch = batch
         return batch
 
     def flush_batch(self) -> None:
-        """Give every member of the running decode batch its own compact KV back (the batch ends)."""
+        """Give every member of the running decode batch its own rows back (the batch ends)."""
         batch, self._batch = self._batch, None
         if batch is None:
             return
@@ -153,85 +193,116 @@ class OnnxRuntimeExecutor:
 
 
 class _DecodeBatch:
-    """The running decode batch: its members in row order, their padded KV (the last run's presents), every key's
-    position per row (-1: dead slot or padding), and each row's past length."""
+    """The running decode batch: its members in row order, every cached row's key position per member (-1: dead
+    slot, padding, or beyond the rows used), the rows used (the same for every member), each member's past length."""
 
-    def __init__(self, members: list, kv: list, key_positions: np.ndarray, pasts: np.ndarray) -> None:
-        self.members, self.kv, self.key_positions, self.pasts = members, kv, key_positions, pasts
+    def __init__(self, executor: OnnxRuntimeExecutor, members: list, key_positions: np.ndarray, length: int) -> None:
+        self.executor, self.members, self.key_positions, self.length = executor, members, key_positions, length
+        self.pasts = np.asarray([(key_positions[row] >= 0).sum() for row in range(len(members))], dtype=np.int64)
+
+    def grow(self, capacity: int) -> None:
+        self.executor.batch_store.reshape(len(self.members), capacity, keep=self.length)
+        grown = np.full((len(self.members), capacity), -1, dtype=np.int64)
+        grown[:, : self.key_positions.shape[1]] = self.key_positions
+        self.key_positions = grown
 
 
 class OnnxSequence:
-    """One conversation's KV cache (host arrays); slot 0 of every cache is the dead slot. While the sequence is in
-    the executor's running decode batch, its KV lives there and is cut out on first use alone."""
+    """One conversation's KV cache in its slot's store, (1, kv_heads, capacity, head_dim) per layer and kind: the
+    dead slot (row 0), then one row per token. While the sequence is in the executor's running decode batch, its
+    rows live in the batch store and are copied back on first use alone."""
 
-    def __init__(self, executor: OnnxRuntimeExecutor, slot: int) -> None:
+    def __init__(self, executor: OnnxRuntimeExecutor, store: KvStore) -> None:
         self.executor = executor
-        self.slot: int | None = slot  # None once closed
-        self._kv: list[np.ndarray] | None = None  # (batch, kv_heads, 1 + past_length, head_dim) per layer and kind
+        self.slot: KvStore | None = store  # None once closed
+        self.store = store
+        self.length = 0  # rows in use: 0 before the first run, then the dead slot plus one per token
         self.batch: _DecodeBatch | None = None
 
     @property
-    def kv(self) -> list[np.ndarray] | None:
+    def rows(self) -> int:
+        """Rows of cache the next run reads (at least the dead slot)."""
         if self.batch is not None:
-            batch = self.batch
-            self._take_from_batch(batch.members.index(self))
-        return self._kv
-
-    @kv.setter
-    def kv(self, value) -> None:
-        self.batch, self._kv = None, value
+            self._take_from_batch(self.batch.members.index(self))
+        return max(1, self.length)
 
     def _take_from_batch(self, row: int) -> None:
-        batch, self.batch = cast(_DecodeBatch, self.batch), None  # called only while it is in a batch
-        valid = np.concatenate([[0], np.flatnonzero(batch.key_positions[row, 1:] >= 0) + 1])
-        self._kv = [np.ascontiguousarray(value[row : row + 1, :, valid]) for value in batch.kv]
+        batch, self.batch = self.batch, None
+        assert batch is not None  # called only while it is in a batch
+        valid = np.concatenate([[0], np.flatnonzero(batch.key_positions[row, 1 : batch.length] >= 0) + 1])
+        self.store.reshape(1, capacity_for(len(valid), self.executor.max_rows))
+        for target, source in zip(self.store.views(), self.executor.batch_store.views(), strict=True):
+            target[0, :, : len(valid)] = source[row, :, valid].transpose(1, 0, 2)
+        self.length = len(valid)
 
     @property
     def past_length(self) -> int:
         """Tokens in the cache, the dead slot not counted."""
         if self.batch is not None:
             return int(self.batch.pasts[self.batch.members.index(self)])
-        return 0 if self._kv is None else self._kv[0].shape[2] - 1
+        return max(0, self.length - 1)
 
-    def past_feeds(self, batch: int) -> dict[str, np.ndarray]:
-        """The past-KV inputs the next run will feed (the calibration recorder keeps them)."""
-        e = self.executor
-        if self.kv is None:
-            empty = np.zeros((batch, e.kv_heads, 1, e.head_dim), dtype=np.float32)
-            return dict.fromkeys(e.kv_input_names, empty)
-        return dict(zip(e.kv_input_names, self.kv, strict=True))
+    def decoder_feeds(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> dict[str, np.ndarray]:
+        """The decoder's inputs for the next run, as run() binds them: the masks spread over the cache's capacity,
+        and the past as views of the slot's store (the calibration recorder copies them)."""
+        feeds = self._step_inputs(inputs_embeds, position_ids, full_mask, sliding_mask)
+        feeds.update(zip(self.executor.kv_input_names, self.store.views(), strict=True))
+        return feeds
 
-    def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
-        """Append the new tokens to the cache; return float32 logits of the last token, shape (batch, vocab)."""
+    def _step_inputs(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> dict[str, np.ndarray]:
         if self.slot is None:
             raise RuntimeError("this sequence was closed")
         executor = self.executor
-        new, total = inputs_embeds.shape[1], full_mask.shape[-1]
-        if self.past_length + 1 + new != total:
-            raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {self.past_length} plus {new} new")
-        if total > executor.max_sequence + 1:
+        length, new, total = self.rows, inputs_embeds.shape[1], full_mask.shape[-1]
+        if inputs_embeds.shape[0] != 1:
+            raise ValueError(f"a sequence runs one conversation, got batch {inputs_embeds.shape[0]}")
+        if length + new != total:
+            raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {length - 1} plus {new} new")
+        if total > executor.max_rows:
             raise ValueError(f"conversation of {total - 1} tokens exceeds the bundle's maximum {executor.max_sequence}")
-        feeds = {
+        if self.length == 0:
+            self.store.reshape(1, capacity_for(1, executor.max_rows))  # grows after the run
+            for view in self.store.views():
+                view[:, :, 0] = 0.0  # the dead slot
+            self.length = 1
+        capacity = self.store.capacity
+        return {
             "inputs_embeds": inputs_embeds.astype(np.float32),
             "position_ids": position_ids.astype(np.int64),
-            "full_mask": full_mask,
-            "sliding_mask": sliding_mask,
-            **self.past_feeds(inputs_embeds.shape[0]),
+            "full_mask": masks_over_capacity(full_mask, length, capacity),
+            "sliding_mask": masks_over_capacity(sliding_mask, length, capacity),
         }
-        logits, *presents = executor.sessions["decoder"].run(None, feeds)
-        self.kv = presents
-        return logits[:, -1].astype(np.float32)
+
+    def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
+        """Append the new tokens to the cache; return float32 logits of the last token, shape (batch, vocab)."""
+        inputs = self._step_inputs(inputs_embeds, position_ids, full_mask, sliding_mask)
+        logits, presents = self.executor.run_decoder(self.store, inputs)
+        new = inputs_embeds.shape[1]
+        if self.length + new > self.store.capacity:
+            self.store.reshape(1, capacity_for(self.length + new, self.executor.max_rows), keep=self.length)
+        self.store.append(self.length, presents)
+        self.length += new
+        return logits
 
     def truncate(self, past_length: int) -> None:
-        """Keep the first past_length tokens (and the dead slot); the next run continues from there."""
+        """Keep the first past_length tokens (and the dead slot); the next run continues from there. The rows
+        after them stay where they are, masked, until new tokens overwrite them; the capacity shrinks to fit (the
+        kept rows re-laid in place) when it is a block or more too large, so a run reads at most KV_BLOCK - 1
+        unused rows."""
         if not 0 <= past_length <= self.past_length:
             raise ValueError(f"cannot truncate a cache of {self.past_length} tokens to {past_length}")
-        if self.kv is not None and past_length < self.past_length:
-            self.kv = [np.ascontiguousarray(value[:, :, : past_length + 1]) for value in self.kv]
+        if self.batch is not None:
+            self._take_from_batch(self.batch.members.index(self))
+        if self.length:
+            self.length = past_length + 1
+            fitting = capacity_for(self.length, self.executor.max_rows)
+            if fitting < self.store.capacity:
+                self.store.reshape(1, fitting, keep=self.length)
 
     def close(self) -> None:
         """Give the slot back. Idempotent."""
-        self.kv = None  # also leaves the decode batch (its row is skipped when the batch is flushed)
+        self.batch = None  # leaves the decode batch (its row is skipped when the batch is flushed)
         if self.slot is not None:
             slot, self.slot = self.slot, None
+            self.length = 0
             self.executor.slots.release(slot)

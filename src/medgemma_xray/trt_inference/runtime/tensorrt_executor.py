@@ -1,8 +1,11 @@
 """Runs a bundle's serialized TensorRT engines on an NVIDIA GPU (tensorrt or tensorrt_rtx module).
 
 Device buffers are sized for the manifest's largest shapes and allocated once; host staging is pinned; all work
-runs on one CUDA stream; the KV cache never leaves the GPU (two buffers per layer, swapped after each step, so
-the present KV of one step is the past KV of the next without a copy).
+runs on one CUDA stream; the KV cache never leaves the GPU. The decoder reads each layer's cache where it lies, at
+its capacity (manifest format 2, engine_bundle/kv_layout.py), and returns only the new tokens' rows, into one
+scratch set shared by every slot (runs take the executor's lock); one pitched copy per layer and kind writes them
+into the cache. Each slot has two buffer sets: growing the capacity (every KV_BLOCK tokens) re-lays the cache
+into the other set and swaps; truncating only shortens the rows in use.
 
 Every engine's I/O (names, modes, types, profile ranges) is checked against the manifest at load; every
 set_input_shape / set_tensor_address / execute_async_v3 result is checked; a construction that fails part-way
@@ -21,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from medgemma_xray.engine_bundle.defaults import DEFAULT_SEQUENCE_SLOTS
+from medgemma_xray.engine_bundle.kv_layout import KV_BLOCK, capacity_for, masks_over_capacity
 from medgemma_xray.engine_bundle.names import KV_KINDS, past_name, present_name, runtime_module
 from medgemma_xray.trt_inference.runtime.cuda_memory import (
     CudaStream,
@@ -138,7 +142,11 @@ class TensorRTExecutor:
         self.ids_host = self._pinned((1, self.max_sequence), np.int64)
         self.embed_out = self._device((1, self.max_sequence, self.hidden), np.float32)
         self.embed_host = self._pinned((1, self.max_sequence, self.hidden), np.float32)
+        self.max_rows = self.max_sequence + 1  # the dead slot, then at most max_sequence tokens
+        new_rows_shape = (1, self.kv_heads, self.max_sequence, self.head_dim)
+        self.new_rows = [self._device(new_rows_shape, np.float32) for _ in range(2 * self.layers)]
         self.slots: SlotPool[_DecoderSlot] = SlotPool([_DecoderSlot(self) for _ in range(sequence_slots)])
+        self.open_stream.synchronize()  # the slots' caches are zeroed before any run reads them
 
     # --- load-time checks ---------------------------------------------------------------------------------------
     def _check_io(self, graph: str, engine, plan: Path) -> None:
@@ -167,7 +175,7 @@ class TensorRTExecutor:
             ("vision", "pixel_values", 0, self.max_batch, "images in one vision batch"),
             ("embed", "input_ids", 1, self.max_sequence, "tokens"),
             ("decoder", "inputs_embeds", 1, self.max_sequence, "new tokens in one prefill"),
-            ("decoder", past_name("key", 0), 2, self.max_sequence, "past tokens (with the dead slot)"),
+            ("decoder", past_name("key", 0), 2, self.max_sequence + 1, "cache rows (the dead slot included)"),
         )
         for graph, name, axis, needed, what in checks:
             allowed = self._profile_max(graph, name)[axis]
@@ -301,44 +309,46 @@ def _require_room(name: str, shape: tuple, dtype, buffer) -> None:
 
 
 class _DecoderSlot:
-    """Everything one running conversation needs on the GPU, allocated once per slot."""
+    """Everything one running conversation needs on the GPU, allocated once per slot. Mask buffers hold a prefill's
+    keys at the cache's capacity, which runs at most KV_BLOCK - 1 rows past what the cache holds."""
 
     def __init__(self, executor: TensorRTExecutor) -> None:
         e = executor
-        total = e.max_sequence + 1  # plus the dead slot
+        keys = e.max_rows + KV_BLOCK
         self.context = e._context("decoder")
         self.embeds = e._device((1, e.max_sequence, e.hidden), np.float32)
         self.positions = e._device((1, e.max_sequence), np.int64)
-        self.full_mask = e._device((1, 1, e.max_sequence, total), np.float32)
-        self.sliding_mask = e._device((1, 1, e.max_sequence, total), np.float32)
+        self.full_mask = e._device((1, 1, e.max_sequence, keys), np.float32)
+        self.sliding_mask = e._device((1, 1, e.max_sequence, keys), np.float32)
         self.logits = e._device((1, 1, e.vocab), np.float32)
         self.logits_host = e._pinned((1, 1, e.vocab), np.float32)
         self.host = {
             "inputs_embeds": e._pinned((1, e.max_sequence, e.hidden), np.float32),
             "position_ids": e._pinned((1, e.max_sequence), np.int64),
-            "full_mask": e._pinned((1, 1, e.max_sequence, total), np.float32),
-            "sliding_mask": e._pinned((1, 1, e.max_sequence, total), np.float32),
+            "full_mask": e._pinned((1, 1, e.max_sequence, keys), np.float32),
+            "sliding_mask": e._pinned((1, 1, e.max_sequence, keys), np.float32),
         }
-        kv_shape = (1, e.kv_heads, total, e.head_dim)
+        kv_shape = (1, e.kv_heads, e.max_rows, e.head_dim)
         self.kv = [[e._device(kv_shape, np.float32) for _ in range(2 * e.layers)] for _ in range(2)]
+        for buffer in self.kv[0] + self.kv[1]:  # masked rows are read too: they must hold finite values
+            memset_async(buffer, 0, buffer.nbytes, e.open_stream)
 
 
 class _TensorRTSequence:
-    """One conversation on a decoder slot. The cache holds the dead slot plus past_length tokens, (1, heads, T, dim)."""
+    """One conversation on a decoder slot: its cache is (1, heads, capacity, dim) per layer and kind in one of the
+    slot's two buffer sets, the dead slot (row 0) then one row per token."""
 
     def __init__(self, executor: TensorRTExecutor, slot: _DecoderSlot) -> None:
         self.executor = executor
         self.slot: _DecoderSlot | None = slot  # None once closed
-        self.past_length = 0  # tokens in the cache, the dead slot not counted
-        self.started = False  # the dead slot is zeroed on the first run
-        self.current = 0  # which of the two KV buffer sets holds the past
+        self.length = 0  # rows in use: 0 before the first run, then the dead slot (zeros) plus one per token
+        self.capacity = 0
+        self.current = 0  # which of the two KV buffer sets holds the cache
 
-    def _zero_dead_slot(self, slot: _DecoderSlot) -> None:
-        e = self.executor
-        nbytes = e.kv_heads * e.head_dim * 4  # shape (1, kv_heads, 1, head_dim), contiguous
-        for buffer in slot.kv[self.current]:
-            memset_async(buffer, 0, nbytes, e.open_stream)
-        self.started = True
+    @property
+    def past_length(self) -> int:
+        """Tokens in the cache, the dead slot not counted."""
+        return max(0, self.length - 1)
 
     def run(self, inputs_embeds, position_ids, full_mask, sliding_mask) -> np.ndarray:
         if self.slot is None:
@@ -347,18 +357,18 @@ class _TensorRTSequence:
         new, total = inputs_embeds.shape[1], full_mask.shape[-1]
         if inputs_embeds.shape[0] != 1:
             raise ValueError(f"the TensorRT executor runs one sequence at a time, got batch {inputs_embeds.shape[0]}")
-        if total > e.max_sequence + 1:
+        if total > e.max_rows:
             raise ValueError(f"conversation of {total - 1} tokens exceeds the engine's maximum {e.max_sequence}")
         if 1 + self.past_length + new != total:
             raise ValueError(f"mask covers {total} keys, but the cache holds 1 + {self.past_length} plus {new} new")
         with e.lock:
-            if not self.started:
-                self._zero_dead_slot(slot)
+            if self.length == 0:
+                self.length, self.capacity = 1, capacity_for(1, e.max_rows)  # grows after the run
             feeds = {
                 "inputs_embeds": (inputs_embeds, np.float32),
                 "position_ids": (position_ids, np.int64),
-                "full_mask": (full_mask, np.float32),
-                "sliding_mask": (sliding_mask, np.float32),
+                "full_mask": (masks_over_capacity(full_mask, self.length, self.capacity), np.float32),
+                "sliding_mask": (masks_over_capacity(sliding_mask, self.length, self.capacity), np.float32),
             }
             device = {
                 "inputs_embeds": slot.embeds,
@@ -372,45 +382,63 @@ class _TensorRTSequence:
                 staged[...] = value.astype(dtype, copy=False)
                 copy_host_to_device(device[name], staged, e.open_stream)
                 inputs[name] = (device[name], value.shape, dtype)
-            past, present = slot.kv[self.current], slot.kv[1 - self.current]
-            kv_shape = (1, e.kv_heads, 1 + self.past_length, e.head_dim)
+            cache = slot.kv[self.current]
+            kv_shape = (1, e.kv_heads, self.capacity, e.head_dim)
             outputs = {"logits": (slot.logits, np.float32)}
             for index in range(e.layers):
-                for offset, kind in enumerate(("key", "value")):
-                    inputs[past_name(kind, index)] = (past[2 * index + offset], kv_shape, np.float32)
-                    outputs[present_name(kind, index)] = (present[2 * index + offset], np.float32)
+                for offset, kind in enumerate(KV_KINDS):
+                    inputs[past_name(kind, index)] = (cache[2 * index + offset], kv_shape, np.float32)
+                    outputs[present_name(kind, index)] = (e.new_rows[2 * index + offset], np.float32)
             e._execute(slot.context, inputs, outputs)
             logits = slot.logits_host.view((1, 1, e.vocab))
             copy_device_to_host(logits, slot.logits, e.open_stream)
+            if self.length + new > self.capacity:
+                self._relayout(capacity_for(self.length + new, e.max_rows))
+            row = e.head_dim * 4
+            for target, rows in zip(slot.kv[self.current], e.new_rows, strict=True):
+                copy_device_to_device_2d(
+                    target,
+                    self.capacity * row,
+                    rows,
+                    new * row,
+                    new * row,
+                    e.kv_heads,
+                    e.open_stream,
+                    self.length * row,
+                )
             e.open_stream.synchronize()
-            self.current, self.past_length = 1 - self.current, total - 1
+            self.length += new
             return logits[:, -1].copy()
 
+    def _relayout(self, capacity: int) -> None:
+        """Move the rows in use to the other buffer set at a new capacity, one pitched copy per layer and kind, and
+        swap. Caller holds the lock."""
+        e, slot = self.executor, self.slot
+        assert slot is not None
+        row = e.head_dim * 4
+        for source, target in zip(slot.kv[self.current], slot.kv[1 - self.current], strict=True):
+            copy_device_to_device_2d(
+                target, capacity * row, source, self.capacity * row, self.length * row, e.kv_heads, e.open_stream
+            )
+        self.current, self.capacity = 1 - self.current, capacity
+
     def truncate(self, past_length: int) -> None:
-        """Keep the first past_length tokens (and the dead slot): re-pack each (1, heads, T, dim) cache to T' rows
-        per head into the other buffer set, one pitched copy per layer and kind, then swap."""
+        """Keep the first past_length tokens (and the dead slot). The rows after them stay where they are, masked,
+        until new tokens overwrite them; the capacity shrinks to fit (re-laying the kept rows) when it is a block
+        or more too large, so that a run never reads more than KV_BLOCK - 1 unused rows and its masks fit the
+        slot's mask buffers."""
         if self.slot is None:
             raise RuntimeError("this sequence was closed")
         if not 0 <= past_length <= self.past_length:
             raise ValueError(f"cannot truncate a cache of {self.past_length} tokens to {past_length}")
-        if past_length == self.past_length or not self.started:
+        if not self.length:
             return
-        e = self.executor
-        row = e.head_dim * 4
-        with e.lock:
-            source, target = self.slot.kv[self.current], self.slot.kv[1 - self.current]
-            for src, dst in zip(source, target, strict=True):
-                copy_device_to_device_2d(
-                    dst,
-                    (1 + past_length) * row,
-                    src,
-                    (1 + self.past_length) * row,
-                    (1 + past_length) * row,
-                    e.kv_heads,
-                    e.open_stream,
-                )
-            e.open_stream.synchronize()
-            self.current, self.past_length = 1 - self.current, past_length
+        self.length = past_length + 1
+        fitting = capacity_for(self.length, self.executor.max_rows)
+        if fitting < self.capacity:
+            with self.executor.lock:
+                self._relayout(fitting)
+                self.executor.open_stream.synchronize()
 
     def close(self) -> None:
         """Give the slot back. Idempotent."""
