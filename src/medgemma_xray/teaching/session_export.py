@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
+from medgemma_xray.teaching.change_export import CHANGE_COLUMNS, change_cells, change_flowables
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, mark_text, score_read, shown
 
@@ -34,7 +35,7 @@ def field_columns() -> tuple[str, ...]:
 
 
 def csv_columns() -> tuple[str, ...]:
-    return (*CSV_LEAD, *field_columns(), *CSV_TAIL)
+    return (*CSV_LEAD, *field_columns(), *CHANGE_COLUMNS, *CSV_TAIL)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class CaseRecord:
     teaching_points: tuple[str, ...] = field(default=())
     asked_before_reveal: int = 0  # questions asked before the reveal (quiz off, or a teacher allowed it)
     thumbnail: bytes = b""  # a small PNG of the film at its own window, for the handout
+    change_key: dict[str, str] | None = None  # a case with a prior: the pair's changes (finding -> kind)
+    change_read: dict[str, str] | None = None  # the student's "what changed" read
+    change_statement: str = ""  # the model's answer to "what changed?"
 
     @property
     def student_score(self) -> Score | None:
@@ -149,6 +153,7 @@ def csv_rows(
             "model_score": _score_text(record.model_score) if record.key is not None else "(no key)",
             "asked_before_reveal": str(record.asked_before_reveal),
             **_field_cells(record),
+            **change_cells(record.change_key, record.change_read, record.change_statement),
             "student_notes": record.student_notes,
             "questions_and_answers": " || ".join(f"Q: {q} A: {a}" for q, a in record.questions),
         }
@@ -251,6 +256,7 @@ def session_pdf(
         if record.key is not None:
             block += [Spacer(1, 2 * mm), _marks_table(record, para, mm, colors)]
         story.append(KeepTogether(block))
+        story += change_flowables(record.change_key, record.change_read, record.change_statement, para, mm, colors)
         if record.student_notes:
             story.append(para(f"Student's notes: {record.student_notes}"))
         for point in record.teaching_points:

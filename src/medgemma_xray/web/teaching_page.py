@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round, round_of, upload_names
-from medgemma_xray.web import teaching_answers, teaching_exports, teaching_view
+from medgemma_xray.web import teaching_answers, teaching_compare, teaching_exports, teaching_practice, teaching_view
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_style import page_style
@@ -64,7 +64,8 @@ EVENTS = PageEvents()
 # --- cases ---------------------------------------------------------------------------------------------------------
 OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
 SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
-         "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM]  # fmt: skip
+         "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM,
+         *teaching_compare.PRIOR_CONTROLS, "change_box"]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -124,6 +125,8 @@ def show_case(page: TeachingPage, values: dict) -> dict:
         "report_sr": hidden_update(),
         **read_form(interactive=True, reset=True),  # a new case starts a fresh read
         **question_controls(questions_locked(page, bool(values.get("quiz", True)), round_)),
+        **teaching_compare.prior_controls(page, round_),  # the prior's controls (a case with a prior film)
+        "change_box": "",
     }
 
 
@@ -147,9 +150,10 @@ def open_case(page: TeachingPage, values: dict) -> dict:
         raise refused("That case is no longer in the library; refresh the list.", logger, "teaching") from exc
     try:
         film, display = _read_film(page, case.film_path.read_bytes())
+        prior = teaching_compare.library_prior(page, case)  # its prior film, through the same intake
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
-    return _opened(page, session, library_round(case, film, display))
+    return _opened(page, session, replace(library_round(case, film, display), prior=prior))
 
 
 @EVENTS.on(["open_case.success"], inputs=["quiz", "session"], outputs=SHOWN)
@@ -289,6 +293,7 @@ def add_teaching_page(
             ui["open_button"] = gr.Button("Open case", elem_id="teach-open", scale=1)
             ui["shuffle_button"] = gr.Button("Shuffle (quiz order)", elem_id="teach-shuffle", scale=1)
             ui["next_button"] = gr.Button("Next case", elem_id="teach-next", scale=1)
+            ui["practise_button"] = gr.Button("Practise my misses", elem_id="teach-practise", scale=1)
             ui["quiz"] = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             ui["projector"] = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
         with gr.Row(elem_classes="teach-engineering"):
@@ -306,6 +311,9 @@ def add_teaching_page(
                 label="Or upload a film (DICOM, PNG, JPEG)", type="filepath", elem_id="teach-upload"
             )
             ui["key_upload"] = gr.File(label="Teacher's answer key (JSON)", type="filepath", elem_id="teach-key")
+            ui["prior_upload"] = gr.File(
+                label="Prior film for the uploaded film (optional)", type="filepath", elem_id="teach-prior-upload"
+            )
         ui["case_info"] = gr.Markdown(elem_id="teach-case-info")
         with gr.Row(elem_id="teach-main-row"):
             with gr.Column(scale=1, min_width=170, elem_id="teach-tools"):
@@ -340,16 +348,23 @@ def add_teaching_page(
                     with gr.Row():
                         ui["ask_button"] = gr.Button("Ask", variant="primary", elem_id="teach-ask")
                         ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="teach-stop")
+                    ui["compare_button"] = gr.Button("What changed since the prior?", visible=False,
+                                                     elem_id="teach-compare")  # fmt: skip
+                    ui["compare_note"] = gr.Markdown(elem_id="teach-compare-note")
         with gr.Group(elem_id="teach-help"):
             gr.HTML(help_html(), padding=False, container=False)
             ui["help_close"] = gr.Button("Close (Esc)", elem_id="teach-help-close", size="sm")
         with gr.Accordion("Your read (before the reveal)", open=True, elem_classes="teach-form"):
             _read_form(ui, [""] + list(ALL_LOBES))
+        with gr.Accordion("What changed since the prior? (your read, before the reveal)", open=True, visible=False,
+                          elem_id="teach-change-read") as ui["change_group"]:  # fmt: skip
+            _change_form(ui)
         ui["reveal_button"] = gr.Button("Reveal", variant="primary", elem_id="teach-reveal")
         with gr.Row(elem_classes="teach-after"):
             ui["student_score"] = gr.Markdown(elem_id="teach-student-score")
             ui["model_score"] = gr.Markdown(elem_id="teach-model-score")
         ui["reveal_box"] = gr.Markdown(elem_id="teach-reveal-box", elem_classes="teach-after")
+        ui["change_box"] = gr.Markdown(elem_id="teach-change-box", elem_classes="teach-after")
         with gr.Accordion("Report: indication, comparison, recommendation; Markdown and DICOM SR", open=False,
                           elem_classes="teach-after"):  # fmt: skip
             ui["indication"] = gr.Textbox(label="Indication", elem_id="teach-indication")
@@ -373,7 +388,8 @@ def add_teaching_page(
             ui["session_csv"] = gr.DownloadButton("Session (CSV)", visible=False, elem_id="teach-csv")
             ui["session_pdf"] = gr.DownloadButton("Session handout (PDF)", visible=False, elem_id="teach-pdf")
         concurrency = {"generation": settings.generation_concurrency}
-        for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS):
+        for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS,
+                       teaching_compare.EVENTS, teaching_practice.EVENTS):  # fmt: skip
             events.wire(ui, page, concurrency=concurrency)
 
 
@@ -449,3 +465,18 @@ def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
         choice("read_exposure", FINDING_CHOICES["exposure"], "exposure")
     box("read_rest_absent", "Every finding I did not tick is absent (else unticked findings are not assessed)")
     ui["read_notes"] = gr.Textbox(label="Free text", lines=2, elem_id="read-notes")
+
+
+def _change_form(ui: dict[str, Any]) -> None:
+    """The change read: per finding, how it changed since the prior (elem_id change-<finding>); empty: no change
+    claimed (teaching/change_scoring.py)."""
+    import gradio as gr
+
+    from medgemma_xray.teaching.change_scoring import change_kinds
+    from medgemma_xray.web.teaching_context import CHANGE_FORM
+
+    kinds = ["", *change_kinds()]
+    with gr.Row():
+        for name in CHANGE_FORM:
+            label = name.removeprefix("change_").replace("_", " ")
+            ui[name] = gr.Dropdown(kinds, value="", label=label, elem_id=name.replace("_", "-"), min_width=120)

@@ -22,6 +22,10 @@ VIEW_OUT = ["view", "centre", "width", "measure"]
 def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     from medgemma_xray.teaching import viewer
 
+    if round_.prior is not None:  # the prior beside the film, linked (web.teaching_pair_view)
+        from medgemma_xray.web.teaching_pair_view import paired_outputs
+
+        return paired_outputs(page, round_)
     display, view = round_.display, round_.view
     full = None
     zoomed = viewer.needs_full(display, view)
@@ -123,7 +127,13 @@ def set_tool(page: TeachingPage, values: dict) -> dict:
 
 @EVENTS.on(["view.select"], inputs=["session"], outputs=[*VIEW_OUT, "session"], event=True)
 def clicked(page: TeachingPage, values: dict, event) -> dict:
-    from medgemma_xray.teaching import viewer
+    from medgemma_xray.teaching import paired_view, viewer
 
     x, y = event.index
-    return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
+
+    def clicked_on(r: Round):
+        if r.prior is not None:  # either half of the pair: the same click on the current film
+            return paired_view.click(r.prior.display, r.display, r.view, float(x), float(y))
+        return viewer.click(r.display, r.view, float(x), float(y))
+
+    return _view_changed(page, values, clicked_on)

@@ -1,0 +1,128 @@
+"""The prior and the current film side by side, linked: one ViewState (window, level, invert, zoom, pan, the
+tool's marks) applied to both, each half rendered by teaching/viewer.py from its own overview.
+
+Layout: a label band on top (the prior's interval over the left half, "Current" over the right), then the prior
+on the left and the current film on the right, GAP_PX apart. The films' pixels are the viewer's own: nothing is
+drawn over a film. Zoom and pan are fractions of each film (the view's focus), so the same anatomy stays in view
+on both when the two films differ in size; the marks are kept in the current film's pixels and drawn on the prior
+at the same fractions. A click on either half acts as the same click on the current film.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from medgemma_xray.teaching import viewer
+from medgemma_xray.teaching.viewer import Crop, DisplayFilm, ViewState
+
+GAP_PX = 8
+BAND_PX = 26  # the label band's height
+CURRENT_LABEL = "Current"
+
+
+@dataclass(frozen=True)
+class PairLayout:
+    prior: Crop
+    current: Crop
+    current_left: int  # x of the current half's first column in the composed picture
+    top: int  # y of the films' first row (below the label band)
+
+
+def prior_label(interval: str) -> str:
+    return f"Prior ({interval})" if interval else "Prior"
+
+
+def _scaled_points(state: ViewState, source: DisplayFilm, target: DisplayFilm) -> tuple[tuple[float, float], ...]:
+    """The marks (film pixels of `source`) at the same fractions of `target`."""
+    (s_rows, s_cols), (t_rows, t_cols) = source.shape, target.shape
+    return tuple(
+        ((row + 0.5) * t_rows / s_rows - 0.5, (col + 0.5) * t_cols / s_cols - 0.5) for row, col in state.points
+    )
+
+
+def prior_state(prior: DisplayFilm, current: DisplayFilm, state: ViewState) -> ViewState:
+    """The view of the prior linked to the current film's: the same state, the marks moved onto the prior."""
+    return replace(state, points=_scaled_points(state, current, prior))
+
+
+def layout(prior: DisplayFilm, current: DisplayFilm, state: ViewState, view_max: int = viewer.VIEW_MAX_PX) -> PairLayout:
+    prior_crop = viewer.view_crop(prior.shape, state, view_max)
+    current_crop = viewer.view_crop(current.shape, state, view_max)
+    return PairLayout(prior_crop, current_crop, prior_crop.out_cols + GAP_PX, BAND_PX)
+
+
+def needs_full(prior: DisplayFilm, current: DisplayFilm, state: ViewState) -> tuple[bool, bool]:
+    """Whether each half (prior, current) is zoomed past its overview's detail."""
+    return viewer.needs_full(prior, prior_state(prior, current, state)), viewer.needs_full(current, state)
+
+
+def _label(picture, x: int, text: str) -> None:
+    from PIL import ImageDraw, ImageFont
+
+    draw = ImageDraw.Draw(picture)
+    font = ImageFont.load_default(size=16)
+    draw.text((x + 6, 4), text, fill=230 if picture.mode == "L" else (230, 230, 230), font=font)
+
+
+def render_pair(
+    prior: DisplayFilm,
+    current: DisplayFilm,
+    state: ViewState,
+    interval: str,
+    full_prior: np.ndarray | None = None,
+    full_current: np.ndarray | None = None,
+    view_max: int = viewer.VIEW_MAX_PX,
+) -> tuple[np.ndarray, PairLayout]:
+    """The two films side by side under one view state, with their labels; uint8, grey (rows, cols) or RGB
+    (rows, cols, 3) when the tool has marks."""
+    from PIL import Image
+
+    left, _ = viewer.render_view(prior, prior_state(prior, current, state), view_max, full=full_prior)
+    right, _ = viewer.render_view(current, state, view_max, full=full_current)
+    placed = layout(prior, current, state, view_max)
+    rgb = left.ndim == 3 or right.ndim == 3
+    rows = BAND_PX + max(left.shape[0], right.shape[0])
+    cols = placed.current_left + right.shape[1]
+    canvas = np.zeros((rows, cols, 3) if rgb else (rows, cols), dtype=np.uint8)
+
+    def place(half: np.ndarray, x: int) -> None:
+        if rgb and half.ndim == 2:
+            half = np.repeat(half[:, :, None], 3, axis=2)
+        canvas[BAND_PX : BAND_PX + half.shape[0], x : x + half.shape[1]] = half
+
+    place(left, 0)
+    place(right, placed.current_left)
+    picture = Image.fromarray(canvas)
+    _label(picture, 0, prior_label(interval))
+    _label(picture, placed.current_left, CURRENT_LABEL)
+    return np.asarray(picture), placed
+
+
+def click(
+    prior: DisplayFilm,
+    current: DisplayFilm,
+    state: ViewState,
+    view_x: float,
+    view_y: float,
+    view_max: int = viewer.VIEW_MAX_PX,
+) -> ViewState:
+    """A click on the composed picture: on either film it is the same click on the current film (pan, ruler,
+    calliper, probe); on the band or the gap it changes nothing."""
+    placed = layout(prior, current, state, view_max)
+    y = view_y - placed.top
+    if y < 0:
+        return state
+    if view_x < placed.prior.out_cols:
+        if y >= placed.prior.out_rows:
+            return state
+        row, col = placed.prior.to_film(view_x, y)
+        (p_rows, p_cols), (c_rows, c_cols) = prior.shape, current.shape
+        row, col = (row + 0.5) * c_rows / p_rows - 0.5, (col + 0.5) * c_cols / p_cols - 0.5
+        x_on_current, y_on_current = placed.current.to_view(row, col)
+        return viewer.click(current, state, x_on_current, y_on_current, view_max)
+    x = view_x - placed.current_left
+    if x < 0 or y >= placed.current.out_rows:
+        return state
+    return viewer.click(current, state, x, y, view_max)
