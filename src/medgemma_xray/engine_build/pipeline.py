@@ -251,6 +251,7 @@ def _base_manifest(checkpoint, options: BuildOptions, shapes: dict, tokens: dict
             "id": checkpoint.model_id,
             "is_demo": checkpoint.is_demo,
             "demo_notice": checkpoint.demo_notice,
+            "profile": checkpoint.profile.as_manifest(),  # which checkpoint, and its capabilities
             "weights_sha256": weights_sha256(options.model_path),
             "files_sha256": model_files_sha256(options.model_path),
             "source_path": str(Path(options.model_path).resolve()),

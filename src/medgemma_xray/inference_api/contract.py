@@ -64,13 +64,41 @@ DEFAULT_IMAGE_CACHE_GIB = 0.5  # about 380 films of MedGemma-4B features (256 x 
 
 @dataclass
 class Prompt:
-    """A request encoded by its backend: token ids, plus the film for the image tokens among them."""
+    """A request encoded by its backend: token ids, plus the film (and the prior film, when the request compares
+    two) for the image tokens among them.
+
+    features: the image embeddings of every film the prompt holds, in prompt order (the prior's rows first), so
+    the i-th image token of the prompt takes row i (shape (films, tokens, hidden) or (films * tokens, hidden))."""
 
     ids: list[int]
     image: Any
     image_key: str | None  # the film's content hash once start() has seen it (a caller's key is only a hint)
     features: Any = None  # the backend's image embedding, computed once (see prepare_images)
     extras: dict[str, Any] = field(default_factory=dict)  # backend-specific inputs (e.g. the processor's pixel values)
+    prior: Any = None  # the earlier film, whose image tokens come before the current film's
+    prior_key: str | None = None  # its content hash once start() has seen it
+
+    @property
+    def films(self) -> list[tuple[Any, str | None]]:
+        """(film, content hash) of every film the prompt holds, in the order its image tokens come."""
+        films = [(self.prior, self.prior_key)] if self.prior is not None else []
+        return films + ([(self.image, self.image_key)] if self.image is not None else [])
+
+    @property
+    def images(self) -> list[Any]:
+        """The films in prompt order (what a backend that reads pixels in its prefill passes to the processor)."""
+        return [film for film, _ in self.films]
+
+    @property
+    def films_key(self) -> str | None:
+        """What identifies all of the prompt's films together: the film's hash, or with a prior "prior>current".
+        A resident conversation and a cached prefix are reused only under the same key: never for the same
+        current film with another prior (or none), whose image tokens have the same ids but other features."""
+        if self.prior is None:
+            return self.image_key
+        if self.prior_key is None or self.image_key is None:
+            return None
+        return f"{self.prior_key}>{self.image_key}"
 
 
 @dataclass
@@ -94,7 +122,7 @@ class Conversation:
 
     def __init__(self, conversation_id: str | None, image_key: str | None, kv: Any) -> None:
         self.conversation_id = conversation_id
-        self.image_key = image_key
+        self.image_key = image_key  # the prompt's films_key: the film's hash, or "prior>current" for two films
         self.kv = kv
         self.ids: list[int] = []
         self.in_use = False
@@ -249,7 +277,7 @@ class InferenceBackend(abc.ABC):
             kv = self._allocate()
             try:
                 if self.image_token_id is not None and self.image_token_id in prompt.ids:
-                    self._prepare_images_impl([prompt])
+                    self._features_uncached(prompt)
                 return self._prompt_logits_impl(kv, prompt)
             finally:
                 self._free_impl(kv)
@@ -270,7 +298,7 @@ class InferenceBackend(abc.ABC):
             kv = self._allocate()
             try:
                 if self.image_token_id is not None and self.image_token_id in prompt.ids:
-                    self._prepare_images_impl([prompt])
+                    self._features_uncached(prompt)
                 rows = [self._chunk_logits_impl(kv, prompt, 0, length)]
                 for position in range(length, len(prompt.ids)):
                     rows.append(self._chunk_logits_impl(kv, prompt, position, position + 1))
@@ -280,19 +308,26 @@ class InferenceBackend(abc.ABC):
 
     # --- many callers: what a scheduler drives ---------------------------------------------------------------------
     def start(
-        self, request: GenerationRequest, stats: GenerationStats | None = None, image_hash: str | None = None
+        self,
+        request: GenerationRequest,
+        stats: GenerationStats | None = None,
+        image_hash: str | None = None,
+        prior_hash: str | None = None,
     ) -> Generation:
         """Encode the request and place it on a conversation: a resident one when it can be reused, else a fresh one
-        into which the longest cached prefix of the same film is copied. image_hash: the film's content hash when
-        the caller computed it already (off the loop thread)."""
+        into which the longest cached prefix of the same film (and prior) is copied. image_hash, prior_hash: the
+        films' content hashes when the caller computed them already (off the loop thread)."""
         self.check_health()
         request.validate()
         stats = stats if stats is not None else GenerationStats()
         with self._lock:
-            image_key = None
+            image_key = prior_key = None
             if request.image is not None:
                 image_key = image_hash or image_content_hash(request.image)
-            prompt, skeleton = self._encode_turns(request, image_key)
+            if request.prior_image is not None:
+                prior_key = prior_hash or image_content_hash(request.prior_image)
+            films_key = f"{prior_key}>{image_key}" if prior_key is not None else image_key
+            prompt, skeleton = self._encode_turns(request, films_key)
             if not prompt.ids:
                 raise RequestError("the prompt encoded to no tokens")
             self._check_image_tokens(request, prompt)
@@ -303,6 +338,8 @@ class InferenceBackend(abc.ABC):
                     f"this model's maximum of {self.max_sequence} tokens; start a new case to continue"
                 )
             prompt.image_key = image_key if prompt.image is not None else None
+            prompt.prior = request.prior_image
+            prompt.prior_key = prior_key if request.prior_image is not None else None
             conversation = self._conversation_for(request.conversation_id, prompt)
             reused = len(conversation.ids)
             if not reused:
@@ -320,12 +357,13 @@ class InferenceBackend(abc.ABC):
         if per_film is None or image is None:
             return
         found = prompt.ids.count(image)
-        expected = per_film if request.image is not None else 0
+        films = len(request.films)
+        expected = per_film * films
         if found != expected:
             raise RequestError(
-                f"the conversation holds {found - expected:+d} image placeholder tokens beyond its film's "
-                f"{expected}: a question contains the model's image markers (such as <image_soft_token>); remove "
-                "them from the question and ask again"
+                f"the conversation holds {found - expected:+d} image placeholder tokens beyond its "
+                f"{'films' if films > 1 else 'film'}' {expected}: a question contains the model's image markers "
+                "(such as <image_soft_token>); remove them from the question and ask again"
             )
 
     def prepare_images(self, generations: Sequence[Generation]) -> None:
@@ -333,11 +371,29 @@ class InferenceBackend(abc.ABC):
         with self._lock:
             waiting = [g for g in generations if g.prompt.features is None and self._needs_image(g)]
             if waiting:
-                self._prepare_images([g.prompt for g in waiting], [g.request.image_key for g in waiting])
+                self._prepare_images([g.prompt for g in waiting], [_film_hints(g.request) for g in waiting])
 
-    def _prepare_images(self, prompts: list[Prompt], hints: list[str | None]) -> None:
-        """Features from the image cache where it holds the film; the rest through the vision tower, each distinct
-        film once, as one batch."""
+    def _prepare_images(self, prompts: list[Prompt], hints: list[tuple[str | None, ...]]) -> None:
+        """Features from the image cache where it holds a film; the rest through the vision tower, each distinct
+        film once, as one batch. Each film is cached on its own (a prior and its current film are two entries),
+        and a prompt's features are its films' rows in prompt order."""
+        if all(len(prompt.films) <= 1 for prompt in prompts):  # one film each: the prompts are the films
+            self._prepare_films(prompts, [hint[-1] if hint else None for hint in hints])
+            return
+        films = [[Prompt([], film, key) for film, key in prompt.films] for prompt in prompts]
+        film_hints = [
+            hint[index] if index < len(hint) else None
+            for group, hint in zip(films, hints, strict=True)
+            for index in range(len(group))
+        ]
+        self._prepare_films([film for group in films for film in group], film_hints)
+        for prompt, group in zip(prompts, films, strict=True):
+            rows = [film.features for film in group]
+            if rows and all(row is not None for row in rows):  # None: the backend reads pixels in its prefill
+                prompt.features = _joined_features(rows)
+
+    def _prepare_films(self, prompts: list[Prompt], hints: list[str | None]) -> None:
+        """_prepare_images for prompts that hold one film each."""
         misses: dict[str, list[Prompt]] = {}
         uncached: list[Prompt] = []
         for prompt, hint in zip(prompts, hints, strict=True):
@@ -361,6 +417,16 @@ class InferenceBackend(abc.ABC):
             self.image_cache.put(key, features)
             for prompt in group[1:]:
                 prompt.features = features
+
+    def _features_uncached(self, prompt: Prompt) -> None:
+        """prompt.features through the vision tower, the image cache left alone (what the precision checks read)."""
+        if len(prompt.films) <= 1:
+            self._prepare_images_impl([prompt])
+            return
+        films = [Prompt([], film, None) for film, _ in prompt.films]
+        self._prepare_images_impl(films)
+        if all(film.features is not None for film in films):
+            prompt.features = _joined_features([film.features for film in films])
 
     def prefill(self, generation: Generation, budget_tokens: int | None = None) -> bool:
         """Feed the next chunk of the prompt (at most budget_tokens). True once the first answer token is sampled."""
@@ -390,7 +456,7 @@ class InferenceBackend(abc.ABC):
                 if generation.prefill_done or generation.device_ready or (left is not None and left <= 0):
                     continue
                 if self._needs_image(generation) and generation.prompt.features is None:
-                    self._prepare_images([generation.prompt], [generation.request.image_key])
+                    self._prepare_images([generation.prompt], [_film_hints(generation.request)])
                 start = generation.prefilled
                 end = self._chunk_end(generation.prompt, start, left)
                 chunks.append((generation, start, end))
@@ -563,7 +629,7 @@ class InferenceBackend(abc.ABC):
             # Through the image cache, so a folder's features serve its reports (and the reverse) without running
             # the vision tower twice per film.
             prompts = [Prompt([], image, image_content_hash(image)) for image in images]
-            self._prepare_images(prompts, [None] * len(prompts))
+            self._prepare_images(prompts, [(None,)] * len(prompts))
             if any(prompt.features is None for prompt in prompts):  # a backend that encodes inside its prefill
                 return self._image_features_impl(list(images))
             return _stack_float32([prompt.features for prompt in prompts])
@@ -662,7 +728,7 @@ class InferenceBackend(abc.ABC):
             text += piece
         return text + (generation.text_decoder().flush() if flush else "")
 
-    def _encode_turns(self, request: GenerationRequest, image_key: str | None) -> tuple[Prompt, list[int] | None]:
+    def _encode_turns(self, request: GenerationRequest, films_key: str | None) -> tuple[Prompt, list[int] | None]:
         """The prompt to feed, and its skeleton (see LastTurn) when the request names a conversation.
 
         A follow-up to a resident conversation continues from the exact ids of its previous turns (whose KV is
@@ -679,18 +745,18 @@ class InferenceBackend(abc.ABC):
         prompt = self._encode_impl(replace(request, turns=blank))
         skeleton = list(prompt.ids)
         resident = self._resident.get(request.conversation_id)
-        spliced = self._continue_turn(resident, request, image_key, skeleton) if resident is not None else None
+        spliced = self._continue_turn(resident, request, films_key, skeleton) if resident is not None else None
         if spliced is None:
             return self._encode_impl(request), skeleton
         prompt.ids = spliced
         return prompt, skeleton
 
     def _continue_turn(
-        self, resident: Conversation, request: GenerationRequest, image_key: str | None, skeleton: list[int]
+        self, resident: Conversation, request: GenerationRequest, films_key: str | None, skeleton: list[int]
     ) -> list[int] | None:
         """The follow-up's ids built on the resident conversation's last turn, or None where that would be wrong."""
         last = resident.last_turn
-        if last is None or resident.image_key != image_key:
+        if last is None or resident.image_key != films_key:
             return None
         answers = tuple(turn.text for turn in request.turns[1::2])
         if answers[:-1] != last.answers:
@@ -713,13 +779,13 @@ class InferenceBackend(abc.ABC):
                 resident.in_use = True
                 return resident
             self._free(resident)
-        conversation = Conversation(conversation_id, prompt.image_key, self._allocate())
+        conversation = Conversation(conversation_id, prompt.films_key, self._allocate())
         conversation.in_use = True
         return conversation
 
     def _reusable_prefix(self, conversation: Conversation, prompt: Prompt) -> int:
         """Tokens of the cached conversation the new prompt starts with; never all of them (logits are needed)."""
-        if conversation.image_key != prompt.image_key:
+        if conversation.image_key != prompt.films_key:
             return 0
         limit = min(len(conversation.ids), len(prompt.ids) - 1)
         common = 0
@@ -738,7 +804,8 @@ class InferenceBackend(abc.ABC):
         has_image = self.image_token_id is not None and self.image_token_id in prompt.ids
         if not has_image:
             return TEXT_ONLY_ROOT
-        return f"image:{prompt.image_key}" if prompt.image_key else None
+        films_key = prompt.films_key
+        return f"image:{films_key}" if films_key else None
 
     def _copy_cached_prefix(self, conversation: Conversation, prompt: Prompt) -> None:
         """The longest cached run of this film's leading prompt blocks placed in the new conversation: by reference
@@ -942,6 +1009,27 @@ class _Ready:
 
     def wait(self) -> list[TokenStep | None]:
         return self._steps
+
+
+def _film_hints(request: GenerationRequest) -> tuple[str | None, ...]:
+    """The caller's keys of a request's films, in prompt order (the image cache's hints)."""
+    if request.prior_image is not None:
+        return (request.prior_image_key, request.image_key)
+    return (request.image_key,)
+
+
+def _joined_features(rows: list[Any]) -> Any:
+    """Several films' feature rows as one (films * tokens, hidden) array, in order: torch tensors or numpy."""
+    if len(rows) == 1:
+        return rows[0]
+    flat = [row.reshape(-1, row.shape[-1]) for row in rows]
+    if hasattr(flat[0], "cpu"):
+        import torch
+
+        return torch.cat(flat)
+    import numpy as np
+
+    return np.concatenate(flat)
 
 
 def _stack_float32(rows: list[Any]) -> np.ndarray:

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from medgemma_xray.engine_bundle.checkpoint_profile import (  # noqa: F401  (the capability names, re-exported)
+    CAPABILITIES,
+    LOCALISATION,
+    LONGITUDINAL,
+)
 from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE
 from medgemma_xray.inference_api.errors import RequestError
 
@@ -51,6 +56,11 @@ class GenerationRequest:
     the ids generated for its answers (the text can re-tokenise to other ids), so its answer is the one a fresh
     conversation given that token history gives. image_key identifies the film (a content hash); the cache is
     reused only for the same film. Left out, the contract computes one.
+
+    prior_image: an earlier film of the same patient, for "what changed?" (MedGemma 1.5's longitudinal
+    comparison). The user turn that carries the film then holds the prior first, then the current film, then the
+    text: the order of Google-Health/medgemma's cxr_longitudinal_comparison notebook ([prior, current, text]).
+    prior_image_key is its content hash, as image_key is the current film's; left out, the contract computes it.
     """
 
     image: Any  # PIL.Image.Image; untyped so this module never imports Pillow
@@ -59,10 +69,23 @@ class GenerationRequest:
     system_prompt: str = SYSTEM_PROMPT
     conversation_id: str | None = None
     image_key: str | None = None
+    prior_image: Any = None  # PIL.Image.Image of the earlier film, or None (one film)
+    prior_image_key: str | None = None
+
+    @property
+    def films(self) -> tuple[Any, ...]:
+        """The films in the order the prompt holds them: the prior (if any), then the current film."""
+        return tuple(film for film in (self.prior_image, self.image) if film is not None)
 
     def validate(self) -> None:
         if not self.turns:
             raise RequestError("a request needs at least one user turn")
+        if self.prior_image is not None and self.image is None:
+            raise RequestError(
+                "a prior film was given without a current film; send the current film too, or leave the prior out"
+            )
+        if self.prior_image_key is not None and self.prior_image is None:
+            raise RequestError("prior_image_key was given without a prior film; send the prior film or leave it out")
         for index, turn in enumerate(self.turns):
             expected = "user" if index % 2 == 0 else "assistant"
             if turn.role != expected:
@@ -95,6 +118,10 @@ class BackendInfo:
     demo_notice: str | None = None  # the demo checkpoint's own words on what it is (shown in the UI's badge)
     executor_note: str = ""  # why an engine bundle runs on this executor, e.g. "no TensorRT plans in this bundle"
     unverified_reason: str = ""  # set only when served by the operator's ALLOW_UNVERIFIED_PLANS=1 override
+    # What the checkpoint can do beyond describing a film (CAPABILITIES): "localisation" (boxes in MedGemma 1.5's
+    # box_2d format), "longitudinal" (a prior film compared with the current one). Empty: neither.
+    capabilities: frozenset[str] = frozenset()
+    checkpoint_kind: str = ""  # which checkpoint this is, in words (checkpoint profile), e.g. "MedGemma 1.5 4B"
 
     @property
     def mode_label(self) -> str:

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from medgemma_xray.engine_bundle.checkpoint_profile import CheckpointProfile, checkpoint_profile
 from medgemma_xray.engine_bundle.defaults import DEMO_NOTICE
 from medgemma_xray.engine_bundle.identity import weights_sha256  # noqa: F401 (one hash rule, shared with the runtime)
 
@@ -18,13 +19,16 @@ class CheckpointDescription:
     model_id: str
     is_demo: bool
     demo_notice: str | None = None  # what the demo model is, from its marker; None for a real checkpoint
+    # Which checkpoint it is and what it can do (localisation, longitudinal): engine_bundle/checkpoint_profile.
+    profile: CheckpointProfile = CheckpointProfile("", "", frozenset(), "")
 
 
 class CheckpointError(ValueError):
     """The model directory is missing or is not a Gemma 3 / MedGemma checkpoint."""
 
 
-def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
+def describe_checkpoint(model_dir: str | Path, checkpoint: str = "auto") -> CheckpointDescription:
+    """checkpoint: MODEL_CHECKPOINT, the operator's word on which checkpoint this is where its files do not say."""
     model_dir = Path(model_dir)
     config_file = model_dir / "config.json"
     if not config_file.is_file():
@@ -42,6 +46,7 @@ def describe_checkpoint(model_dir: str | Path) -> CheckpointDescription:
     if marker.is_file():
         description = json.loads(marker.read_text())
         notice = description.get("warning") or DEMO_NOTICE
-        return CheckpointDescription(model_dir, description["model_id"], True, notice)
-    model_id = config.get("_name_or_path") or model_dir.name
-    return CheckpointDescription(model_dir, str(model_id), False)
+        return CheckpointDescription(model_dir, description["model_id"], True, notice, checkpoint_profile(model_dir))
+    profile = checkpoint_profile(model_dir, checkpoint)
+    model_id = profile.repo_id or config.get("_name_or_path") or model_dir.name
+    return CheckpointDescription(model_dir, str(model_id), False, None, profile)

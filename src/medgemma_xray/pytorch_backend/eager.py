@@ -11,6 +11,7 @@ import logging
 import time
 from pathlib import Path
 
+from medgemma_xray.engine_bundle.checkpoint_profile import checkpoint_profile
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS
 from medgemma_xray.inference_api.chat import chat_messages
 from medgemma_xray.inference_api.contract import (
@@ -36,9 +37,11 @@ class TorchInference(InferenceBackend):
         device: str = "auto",
         max_resident_conversations: int = DEFAULT_MAX_RESIDENT_CONVERSATIONS,
         preloaded: tuple | None = None,
+        checkpoint: str = "auto",
     ) -> None:
         """preloaded: (model, processor) already in memory, e.g. the benchmark's full-size random-weight model;
-        model_path then only names it."""
+        model_path then only names it. checkpoint: MODEL_CHECKPOINT (which checkpoint this is, where its files do
+        not say: engine_bundle/checkpoint_profile)."""
         super().__init__(max_resident_conversations)
         import torch
 
@@ -48,7 +51,7 @@ class TorchInference(InferenceBackend):
         if preloaded is None:
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
-            self.checkpoint = describe_checkpoint(self.model_path)
+            self.checkpoint = describe_checkpoint(self.model_path, checkpoint)
             if device == "auto":
                 device = "cuda" if torch.cuda.is_available() else "cpu"
             self.device = torch.device(device)
@@ -61,7 +64,8 @@ class TorchInference(InferenceBackend):
             self.model, self.processor = preloaded
             parameter = next(self.model.parameters())
             self.device, self.dtype = parameter.device, parameter.dtype
-            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), is_demo=False)
+            profile = checkpoint_profile(self.model_path, checkpoint)  # the benchmark names what it stands for
+            self.checkpoint = CheckpointDescription(self.model_path, str(self.model_path), False, None, profile)
         self.load_s = time.perf_counter() - started
         config = self.model.config
         eos = self.model.generation_config.eos_token_id
@@ -90,7 +94,13 @@ class TorchInference(InferenceBackend):
         )
         text = text.replace(processor.boi_token, processor.full_image_sequence)
         ids = processor.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return Prompt(ids=list(ids), image=request.image, image_key=request.image_key)
+        return Prompt(
+            ids=list(ids),
+            image=request.image,
+            image_key=request.image_key,
+            prior=request.prior_image,
+            prior_key=request.prior_image_key,
+        )
 
     def pixel_values(self, images: list):
         pixels = self.processor.image_processor(images=images, return_tensors="pt")["pixel_values"]
@@ -130,7 +140,11 @@ class TorchInference(InferenceBackend):
         if bool(is_image.any()):
             if start > 0 and prompt.ids[start - 1] == self.image_token_id:
                 raise RuntimeError("prefill chunk starts inside an image")  # the contract never cuts there
-            inputs["pixel_values"] = self.pixel_values([prompt.image])
+            # The films whose image tokens this chunk holds (a prior's come first): the processor's pixels of
+            # exactly those, in order, as transformers places one film's features per run of image tokens.
+            before = _image_runs(prompt.ids[:start], self.image_token_id)
+            inside = _image_runs(prompt.ids[start:end], self.image_token_id)
+            inputs["pixel_values"] = self.pixel_values(prompt.images[before : before + inside])
             inputs["token_type_ids"] = is_image.long()
         with torch.inference_mode():
             output = self.model(**inputs, past_key_values=kv, use_cache=True, logits_to_keep=1)
@@ -172,13 +186,29 @@ class TorchInference(InferenceBackend):
             model_id=self.checkpoint.model_id,
             is_demo=self.checkpoint.is_demo,
             demo_notice=self.checkpoint.demo_notice,
-            details={"model_path": str(self.model_path), "load_s": round(self.load_s, 2)},
+            capabilities=self.checkpoint.profile.capabilities,
+            checkpoint_kind=self.checkpoint.profile.kind,
+            details={
+                "model_path": str(self.model_path),
+                "load_s": round(self.load_s, 2),
+                "checkpoint_recognised_by": self.checkpoint.profile.source,
+            },
         )
 
     def _close_impl(self) -> None:
         del self.model
         if self.device.type == "cuda":
             self._torch.cuda.empty_cache()
+
+
+def _image_runs(ids: list[int], image_token_id: int) -> int:
+    """How many runs of image tokens (films) `ids` holds."""
+    runs, previous = 0, False
+    for token in ids:
+        current = token == image_token_id
+        runs += current and not previous
+        previous = current
+    return runs
 
 
 def _greedy(torch, logits) -> list[TokenStep]:

@@ -62,6 +62,7 @@ class FastTorchInference(TorchInference):
         prefill_buckets: tuple[int, ...] | None = None,
         vision_graph: bool | None = None,
         pixel_cache_films: int = DEFAULT_PIXEL_CACHE_FILMS,
+        checkpoint: str = "auto",
     ) -> None:
         """The first-token and overlap options (None: on where CUDA graphs are, off elsewhere):
         prefill_buckets: prompt sizes a new conversation's prefill is padded to and, with CUDA graphs, replayed as
@@ -69,7 +70,7 @@ class FastTorchInference(TorchInference):
         vision tower captured as a CUDA graph for one film; pixel_cache_films: preprocessed films kept by content
         hash (preprocess_film)."""
         self.weights = weights
-        super().__init__(model_path, device, max_resident_conversations, preloaded)
+        super().__init__(model_path, device, max_resident_conversations, preloaded, checkpoint)
         from medgemma_xray.pytorch_backend.paged_decoder import PagedGemmaDecoder
 
         on_cuda = self.device.type == "cuda"
@@ -319,9 +320,10 @@ class FastTorchInference(TorchInference):
             rows, blocks = image_rows(ids, self.image_token_id)
             embeds = self.decoder.embed(_on(torch.tensor(ids), self.device))
             if rows:
+                # The i-th image token takes feature row i: the films' rows in prompt order (a prior's first).
                 features = prompt.features.reshape(-1, prompt.features.shape[-1]).to(self.dtype)
                 index = _on(torch.tensor(rows), self.device)
-                embeds[index] = features[index - rows[0]]
+                embeds[index] = features[: len(rows)]
         with _nvtx(self, "prefill.graph"), torch.inference_mode():
             return graphs.run(kv.row, embeds, blocks)
 
@@ -346,9 +348,12 @@ class FastTorchInference(TorchInference):
         embeds = self.decoder.embed(_on(torch.tensor(prompt.ids[start:end]), self.device))
         inside = [row for row in rows if row >= start]
         if inside:
+            # The i-th image token of the prompt takes feature row i (the films' rows in prompt order, a prior's
+            # first), so the rows of this chunk's image tokens follow those of the image tokens before it.
             features = prompt.features.reshape(-1, prompt.features.shape[-1]).to(self.dtype)
+            first = len(rows) - len(inside)
             index = _on(torch.tensor(inside), self.device)
-            embeds[index - start] = features[index - rows[0]]
+            embeds[index - start] = features[first : len(rows)]
         write_index = _on(torch.tensor(self._write_index(kv, start, end)), self.device)
         return PrefillChunk(kv.row, start, end, blocks), embeds, write_index
 

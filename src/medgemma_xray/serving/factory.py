@@ -51,6 +51,7 @@ def create_backend(mode: Mode | str, settings: Settings, preloaded: Any = None) 
         max_resident_conversations=settings.max_resident_conversations,
         served_model=settings.resolved_model_path,  # the bundle must be built from the model PyTorch serves
         allow_unverified_plans=settings.allow_unverified_plans,
+        checkpoint=settings.model_checkpoint,
     )
 
 
@@ -73,6 +74,7 @@ def _pytorch_backend(settings: Settings, preloaded: Any) -> InferenceBackend:
             weights=settings.fast_path_weights,
             fused_step=settings.fast_path_fused_step,
             preloaded=preloaded,
+            checkpoint=settings.model_checkpoint,
         )
     from medgemma_xray.pytorch_backend.eager import TorchInference
 
@@ -81,6 +83,7 @@ def _pytorch_backend(settings: Settings, preloaded: Any) -> InferenceBackend:
         device=settings.device,
         max_resident_conversations=settings.max_resident_conversations,
         preloaded=preloaded,
+        checkpoint=settings.model_checkpoint,
     )
 
 

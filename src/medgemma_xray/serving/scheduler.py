@@ -61,9 +61,16 @@ class AnswerTimeoutError(TimeoutError):
 class Ticket:
     """One answer's place in the scheduler. The handler thread reads its text deltas as they are produced."""
 
-    def __init__(self, request: GenerationRequest, stats: GenerationStats, image_hash: str | None = None) -> None:
+    def __init__(
+        self,
+        request: GenerationRequest,
+        stats: GenerationStats,
+        image_hash: str | None = None,
+        prior_hash: str | None = None,
+    ) -> None:
         self.request, self.stats = request, stats
         self.image_hash = image_hash  # the film's content hash, computed by the submitting thread
+        self.prior_hash = prior_hash  # the prior film's, where the request compares two
         self.submitted_at = time.perf_counter()
         self.admitted_at: float | None = None  # when the backend started on it (queue wait excluded)
         self.finished_at: float | None = None
@@ -181,13 +188,15 @@ class Scheduler:
     # --- any thread ---------------------------------------------------------------------------------------------
     def submit(self, request: GenerationRequest, stats: GenerationStats | None = None) -> Ticket:
         image_hash = image_content_hash(request.image) if request.image is not None else None
-        preprocess = getattr(self.backend, "preprocess_film", None)  # the film's pixels off the loop
-        if preprocess is not None and image_hash is not None:
-            try:
-                preprocess(request.image, image_hash)
-            except Exception as exc:  # the loop preprocesses it again and reports the failure with the answer
-                logger.warning("preprocessing the film early failed: %s: %s", type(exc).__name__, one_line(exc))
-        ticket = Ticket(request, stats if stats is not None else GenerationStats(), image_hash)
+        prior_hash = image_content_hash(request.prior_image) if request.prior_image is not None else None
+        preprocess = getattr(self.backend, "preprocess_film", None)  # the films' pixels off the loop
+        for film, key in ((request.prior_image, prior_hash), (request.image, image_hash)):
+            if preprocess is not None and key is not None:
+                try:
+                    preprocess(film, key)
+                except Exception as exc:  # the loop preprocesses it again and reports the failure with the answer
+                    logger.warning("preprocessing the film early failed: %s: %s", type(exc).__name__, one_line(exc))
+        ticket = Ticket(request, stats if stats is not None else GenerationStats(), image_hash, prior_hash)
         with self._cond:
             if self._closing:
                 raise SchedulerClosedError("this backend no longer takes new answers")
@@ -363,7 +372,9 @@ class Scheduler:
                 continue
             began = time.perf_counter()
             try:
-                generation = self.backend.start(ticket.request, ticket.stats, image_hash=ticket.image_hash)
+                generation = self.backend.start(
+                    ticket.request, ticket.stats, image_hash=ticket.image_hash, prior_hash=ticket.prior_hash
+                )
             except BaseException as exc:  # a bad request, or no slot: this answer fails, the others go on
                 self._outbox.put((ticket, [], False, True, exc))
                 continue

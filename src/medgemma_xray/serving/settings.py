@@ -20,6 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from medgemma_xray.engine_bundle.checkpoint_profile import CHECKPOINT_CHOICES
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, FAST_PATH_WEIGHT_FORMATS
 from medgemma_xray.inference_api.types import DEFAULT_MAX_NEW_TOKENS, MAX_MAX_NEW_TOKENS, Mode
 
@@ -53,6 +54,9 @@ class Settings:
     allow_unverified_plans: bool = False
     device: str = "auto"  # auto, cpu or cuda
     torch_path: str = "auto"  # eager (the reference), fast (static cache + CUDA graphs), auto: fast on CUDA
+    # Which checkpoint MODEL_PATH holds, where its files do not say (engine_bundle/checkpoint_profile): auto,
+    # medgemma-1.5-4b-it (localises findings, compares with a prior), medgemma-4b-it (neither), or other (neither).
+    model_checkpoint: str = "auto"
     # --- where ---
     host: str = "127.0.0.1"
     port: int = 7860
@@ -152,6 +156,7 @@ class Settings:
     def validated(self) -> Settings:
         _one_of("DEVICE", self.device, DEVICES)
         _one_of("TORCH_PATH", self.torch_path, TORCH_PATHS)
+        _one_of("MODEL_CHECKPOINT", self.model_checkpoint, CHECKPOINT_CHOICES)
         _one_of("FAST_PATH_WEIGHTS", self.fast_path_weights, FAST_PATH_WEIGHT_FORMATS)
         _in_range("PORT", self.port, 1, 65535)
         _in_range("MAX_NEW_TOKENS", self.max_new_tokens, 1, MAX_MAX_NEW_TOKENS)

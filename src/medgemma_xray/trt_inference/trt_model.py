@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medgemma_xray.engine_bundle.checkpoint_profile import CheckpointProfile, checkpoint_profile
 from medgemma_xray.engine_bundle.defaults import DEFAULT_MAX_RESIDENT_CONVERSATIONS, DEFAULT_SEQUENCE_SLOTS, DEMO_NOTICE
 from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE, unverified_reason
 from medgemma_xray.engine_bundle.identity import check_model_identity
@@ -60,6 +61,7 @@ class TRTInference(InferenceBackend):
         require_verified: bool = True,
         served_model: str | Path | None = None,
         allow_unverified_plans: bool = False,
+        checkpoint: str = "auto",
     ) -> None:
         """engine_path: the bundle folder, or any file inside it (a .plan or .onnx). input_shape: the vision input
         the caller will send, checked against the bundle's (batch up to its max_batch, 3 channels, its image size).
@@ -68,7 +70,9 @@ class TRTInference(InferenceBackend):
         with require_verified=False. served_model: the PyTorch checkpoint served beside it (the breaker's
         fallback): a bundle of other weights is refused (ModelMismatchError). The executor that will run must be
         the one the accuracy was measured on, unless allow_unverified_plans (ALLOW_UNVERIFIED_PLANS=1): then
-        info() says "accuracy not verified on this executor" everywhere it is shown."""
+        info() says "accuracy not verified on this executor" everywhere it is shown. checkpoint: MODEL_CHECKPOINT;
+        otherwise the profile the build recorded of its source model (or, for a bundle built before it did, the
+        served model's: the identity check made sure it is the same checkpoint)."""
         super().__init__(max_resident_conversations)
         if executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
@@ -108,6 +112,7 @@ class TRTInference(InferenceBackend):
         self.stop_token_ids = frozenset(manifest["tokens"]["eos"])
         self.image_token_id = self.text.image_token_id
         self.image_tokens_per_film = self.image_tokens  # the contract refuses image markers typed into a question
+        self.profile = _bundle_profile(manifest, served_model, checkpoint)
         logger.info(
             "loaded engine bundle %s (%s, %s) with executor %s%s in %.1f s%s%s",
             self.bundle_dir,
@@ -186,7 +191,13 @@ class TRTInference(InferenceBackend):
         return self.text.encode_chat(chat_messages(request, image_placeholder="<image>"))
 
     def _encode_impl(self, request: GenerationRequest) -> Prompt:
-        return Prompt(ids=self.prompt_ids(request)[0].tolist(), image=request.image, image_key=request.image_key)
+        return Prompt(
+            ids=self.prompt_ids(request)[0].tolist(),
+            image=request.image,
+            image_key=request.image_key,
+            prior=request.prior_image,
+            prior_key=request.prior_image_key,
+        )
 
     def _detokenize_impl(self, ids: list[int]) -> str:
         return self.text.decode(ids)
@@ -226,9 +237,11 @@ class TRTInference(InferenceBackend):
         embeds = self.executor.embed(chunk)
         image_rows = np.flatnonzero(chunk[0] == self.text.image_token_id)
         if image_rows.size:
-            offset = int(np.flatnonzero(ids[0] == self.text.image_token_id)[0])
+            # The i-th image token of the prompt takes feature row i: the films' rows in prompt order (a prior's
+            # first), the vision graph run once per film (the contract's _prepare_images).
+            first = int(np.count_nonzero(ids[0, :start] == self.text.image_token_id))
             features = prompt.features.reshape(-1, prompt.features.shape[-1])
-            embeds[0, image_rows] = features[start + image_rows - offset]
+            embeds[0, image_rows] = features[first : first + image_rows.size]
         blocks = image_block_ids((ids == self.text.image_token_id).astype(np.int64))[:, :end]
         positions = np.arange(start, end, dtype=np.int64)[None]
         key_positions = np.concatenate([[-1], np.arange(end)])[None]
@@ -277,6 +290,8 @@ class TRTInference(InferenceBackend):
             or (DEMO_NOTICE if manifest["model"].get("is_demo") else None),
             executor_note=self.executor_note,
             unverified_reason=self.unverified_reason,
+            capabilities=self.profile.capabilities,
+            checkpoint_kind=self.profile.kind,
             details={
                 "bundle": str(self.bundle_dir),
                 "tensorrt": manifest["tensorrt"],
@@ -287,6 +302,16 @@ class TRTInference(InferenceBackend):
 
     def _close_impl(self) -> None:
         self.executor.close()
+
+
+def _bundle_profile(manifest: dict, served_model: str | Path | None, checkpoint: str) -> CheckpointProfile:
+    """Which checkpoint the bundle was built from, and what it can do (engine_bundle/checkpoint_profile)."""
+    recorded = manifest["model"].get("profile")
+    if checkpoint == "auto" and isinstance(recorded, dict):
+        return CheckpointProfile.from_manifest(recorded)
+    if served_model is not None:
+        return checkpoint_profile(served_model, checkpoint)
+    return CheckpointProfile("", "unrecorded (a bundle built before checkpoint profiles)", frozenset(), "")
 
 
 def _bundle_folder(path: Path) -> Path:

@@ -11,6 +11,8 @@ The rules hold for the whole conversation a door sends, every turn of it, before
   marker (<image_soft_token>, <start_of_image>, ...): Gemma's tokenizer turns them into control tokens even inside
   user text, so a question could fake a model turn or add image slots, and a prompt with more image tokens than
   images cannot be prefilled;
+- a prior film (a "what changed?" comparison) only where the serving checkpoint compares films
+  (BackendInfo.capabilities holds "longitudinal"), never faked on one that does not;
 - the prompt's tokens plus the answer's fit MAX_SEQUENCE: counted by the serving model's own tokenizer
   (InferenceSurface.count_prompt_tokens) when the byte bound alone cannot show that they fit.
 
@@ -71,6 +73,12 @@ class ConversationTooLong(AskRefused):
     """Too many questions, or a prompt that with its answer would not fit the model's sequence."""
 
     code = "conversation_too_long"
+
+
+class PriorUnsupported(AskRefused):
+    """A prior film was sent to a checkpoint that does not compare films (inference_api/capabilities)."""
+
+    code = "prior_film_unsupported"
 
 
 class AnswerRunning(AskRefused):
@@ -190,7 +198,20 @@ class Asking:
     def check(self, request: GenerationRequest) -> None:
         """Every rule on the conversation, before any work. Raises QuestionRefused or ConversationTooLong."""
         check_turns(request, self.limits)
+        self.check_prior(request.prior_image is not None)
         self._check_length(request)
+
+    def check_prior(self, has_prior: bool) -> None:
+        """A prior film only where the serving checkpoint compares films (a door may call this before it reads
+        any film). Raises PriorUnsupported."""
+        from medgemma_xray.inference_api.capabilities import has_capability, missing_capability_message
+        from medgemma_xray.inference_api.types import LONGITUDINAL
+
+        if not has_prior:
+            return
+        info = self.service.info()
+        if not has_capability(info, LONGITUDINAL):
+            raise PriorUnsupported(missing_capability_message(info, LONGITUDINAL))
 
     def _check_length(self, request: GenerationRequest) -> None:
         limits = self.limits
@@ -198,6 +219,7 @@ class Asking:
         text_bytes = sum(len(turn.text.encode("utf-8", "surrogatepass")) for turn in request.turns)
         text_bytes += len((request.system_prompt or "").encode("utf-8", "surrogatepass"))
         overhead = IMAGE_AND_SYSTEM_TOKENS + TEMPLATE_TOKENS_PER_TURN * (len(request.turns) + 1)
+        overhead += IMAGE_AND_SYSTEM_TOKENS if request.prior_image is not None else 0
         if text_bytes + overhead <= budget:  # every token covers at least one byte: it fits
             return
         if text_bytes > ANSWER_BYTES_PER_TOKEN * limits.max_sequence:

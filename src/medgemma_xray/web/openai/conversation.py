@@ -4,6 +4,11 @@ MedGemma's chat template has no system turn of its own: it puts the system text 
 does the backend (inference_api.chat). A system (or developer) message is therefore honoured as the request's
 system prompt; only the first message may be one. The film is the one image of the conversation, in the first user
 message, where MedGemma's chat format places it.
+
+Two images in that message are a comparison with a prior film, in the order of Google-Health/medgemma's
+cxr_longitudinal_comparison notebook: the prior first, then the current film, then the text. They are accepted only
+where the serving checkpoint compares films (MedGemma 1.5: the "longitudinal" capability); elsewhere the door
+answers 400 prior_film_unsupported, as every other door refuses a prior there (web/asking.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Conversation:
     system_prompt: str | None
     turns: tuple[ChatTurn, ...]
     film_url: str
+    prior_url: str | None = None  # the earlier film of a comparison (the first of two images)
 
 
 def conversation_of(request: ChatCompletionRequest) -> Conversation:
@@ -62,10 +68,11 @@ def conversation_of(request: ChatCompletionRequest) -> Conversation:
                 param=f"messages[{index}].role",
             )
         turns.append(ChatTurn(role, text))
-    if len(film_urls) != 1:
+    if len(film_urls) not in (1, 2):
         raise bad_request(
-            "Send exactly one chest film, as an image_url part of the first user message "
-            f"(found {len(film_urls)}): this assistant answers about one film per conversation.",
+            "Send one chest film, as an image_url part of the first user message, or two to compare the current "
+            f"film with a prior (the prior first) (found {len(film_urls)}): this assistant answers about one film "
+            "per conversation.",
             param="messages",
             code="one_film_required",
         )
@@ -73,4 +80,6 @@ def conversation_of(request: ChatCompletionRequest) -> Conversation:
         raise bad_request("The last message must be the user's question.", param="messages")
     if not turns[-1].text.strip():
         raise bad_request("The question is empty; add a text part with the question.", param="messages")
+    if len(film_urls) == 2:
+        return Conversation(system_prompt, tuple(turns), film_urls[1], prior_url=film_urls[0])
     return Conversation(system_prompt, tuple(turns), film_urls[0])

@@ -113,12 +113,19 @@ class OpenAIServingChat:
         extra = {} if conversation.system_prompt is None else {"system_prompt": conversation.system_prompt}
         generation = GenerationRequest(image=None, turns=conversation.turns, max_new_tokens=tokens, **extra)
         await anyio.to_thread.run_sync(self.asking.check, generation)  # it may count tokens: off the event loop
+        self.asking.check_prior(conversation.prior_url is not None)  # before any film is read
+        prior = await self.films.read(conversation.prior_url) if conversation.prior_url is not None else None
         film = await self.films.read(conversation.film_url)
+        if prior is not None:  # the length check again, with both films' image tokens
+            both = replace(generation, image=film.model_image, prior_image=prior.model_image)
+            await anyio.to_thread.run_sync(self.asking.check, both)
         bound = self.conversations.bind(request.conversation_id, user)
         generation = replace(
             generation,
             image=film.model_image,
             image_key=film.image_key,
+            prior_image=prior.model_image if prior is not None else None,
+            prior_image_key=prior.image_key if prior is not None else None,
             conversation_id=bound.key if bound else None,
         )
         logger.info(
