@@ -139,7 +139,13 @@ def test_the_memory_file_is_0600_keyed_by_the_typed_name_and_holds_nothing_else(
         "format": 1,
         "students": {
             "Ana Lopez": {
-                "pleural_effusion": {"due": "2026-12-03", "ease": 1.96, "interval_days": 1, "repetitions": 0, "lapses": 1}
+                "pleural_effusion": {
+                    "due": "2026-12-03",
+                    "ease": 1.96,
+                    "interval_days": 1,
+                    "repetitions": 0,
+                    "lapses": 1,
+                }
             }
         },
     }

@@ -47,7 +47,9 @@ def prior_state(prior: DisplayFilm, current: DisplayFilm, state: ViewState) -> V
     return replace(state, points=_scaled_points(state, current, prior))
 
 
-def layout(prior: DisplayFilm, current: DisplayFilm, state: ViewState, view_max: int = viewer.VIEW_MAX_PX) -> PairLayout:
+def layout(
+    prior: DisplayFilm, current: DisplayFilm, state: ViewState, view_max: int = viewer.VIEW_MAX_PX
+) -> PairLayout:
     prior_crop = viewer.view_crop(prior.shape, state, view_max)
     current_crop = viewer.view_crop(current.shape, state, view_max)
     return PairLayout(prior_crop, current_crop, prior_crop.out_cols + GAP_PX, BAND_PX)

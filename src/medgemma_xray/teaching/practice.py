@@ -166,8 +166,10 @@ def memory_from_json(text: str) -> dict[str, Cards]:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PracticeMemoryError(f"it is not JSON ({exc.msg} at line {exc.lineno})") from exc
-    if not isinstance(record, dict) or record.get("format") != MEMORY_FORMAT or not isinstance(
-        record.get("students"), dict
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != MEMORY_FORMAT
+        or not isinstance(record.get("students"), dict)
     ):
         raise PracticeMemoryError(f'expected {{"format": {MEMORY_FORMAT}, "students": {{...}}}}')
     problems: list[str] = []
@@ -187,7 +189,9 @@ def memory_from_json(text: str) -> dict[str, Cards]:
                 kept[finding] = parsed
         students[name] = kept
     if problems:
-        raise PracticeMemoryError("; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if problems[5:] else ""))
+        raise PracticeMemoryError(
+            "; ".join(problems[:5]) + (f" (and {len(problems) - 5} more)" if problems[5:] else "")
+        )
     return students
 
 

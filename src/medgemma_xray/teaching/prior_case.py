@@ -111,5 +111,7 @@ def prior_record(film_name: str, interval: str, key: dict | None, changes: list[
         "film": film_name,
         "interval": interval,
         "key": key,
-        "changes": None if changes is None else [{"finding": c.finding, "kind": c.kind, "text": c.text} for c in changes],
+        "changes": None
+        if changes is None
+        else [{"finding": c.finding, "kind": c.kind, "text": c.text} for c in changes],
     }

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
-from medgemma_xray.teaching.change_export import CHANGE_COLUMNS, change_cells, change_flowables
 from medgemma_xray.phantoms.findings import PhantomLabels
+from medgemma_xray.teaching.change_export import CHANGE_COLUMNS, change_cells, change_flowables
 from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, mark_text, score_read, shown
 
 REMOVED = "[removed]"

@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from medgemma_xray.teaching.rounds import Round
+from medgemma_xray.web import teaching_practice
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
-from medgemma_xray.web import teaching_practice
 from medgemma_xray.web.page_wiring import PageEvents
 from medgemma_xray.web.teaching_context import (
     FORM,

@@ -34,23 +34,21 @@ COMPARE_QUESTION = (
     "Compare the current chest X-ray with the prior one. What has changed since the prior film: which findings "
     "have appeared, resolved, grown, shrunk, or been removed?"
 )
-NOT_LONGITUDINAL = (
-    "This checkpoint does not compare a film with a prior; MedGemma 1.5 (google/medgemma-1.5-4b-it) does. "
-    "The two films are still shown side by side."
-)
+STILL_SHOWN = "The two films are still shown side by side."
 LOADING = "The model is not ready yet; What changed? opens once it has loaded (reopen the case)."
 PRIOR_CONTROLS = ["change_group", "compare_button", "compare_note"]
 
 
 def compares_with_prior(page: TeachingPage) -> tuple[bool, str]:
     """Whether the serving checkpoint compares with a prior (its "longitudinal" capability), and if not, why."""
+    from medgemma_xray.inference_api.capabilities import has_capability, missing_capability_message
     from medgemma_xray.inference_api.types import LONGITUDINAL
 
     info = page.service.info()
     if info is None:
         return False, LOADING
-    if LONGITUDINAL not in info.capabilities:
-        return False, NOT_LONGITUDINAL
+    if not has_capability(info, LONGITUDINAL):
+        return False, f"{missing_capability_message(info, LONGITUDINAL)} {STILL_SHOWN}"
     return True, ""
 
 
@@ -168,4 +166,3 @@ def compare(page: TeachingPage, values: dict, request) -> Any:
         raise shown(exc, logger, "teaching") from exc
     finally:
         _release(page, session, ticket)
-

@@ -35,7 +35,9 @@ def paired_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     def render():
         return paired_view.render_pair(prior.display, current, view, prior.interval, full_prior, full_current)[0]
 
-    picture = page.view_files.cached(key, render) if current.key and prior.display.key else page.view_files.write(render())
+    picture = (
+        page.view_files.cached(key, render) if current.key and prior.display.key else page.view_files.write(render())
+    )
     measure = viewer.measurement_text(current, view, full_current)
     measure += (
         f"\n\n_Side by side: the prior ({prior.interval or 'date not given'}) on the left, this film on the right, "
