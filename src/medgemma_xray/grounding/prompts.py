@@ -38,3 +38,11 @@ def strip_thinking(text: str) -> str:
     if THINKING_END in text:
         return text.split(THINKING_END, 1)[1].lstrip()
     return text
+
+
+# The user text of Google-Health/medgemma's `cxr_longitudinal_comparison_with_hugging_face.ipynb` (MedGemma 1.5):
+# it follows the prior image and the current image in the same user turn.
+COMPARISON_PROMPT = (
+    "Provide a comparison of these two images and include details from the image which students should take note "
+    "of when reading longitudinal CXR"
+)

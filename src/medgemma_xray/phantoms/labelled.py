@@ -29,6 +29,15 @@ class LabelledPhantom:
 
 
 @dataclass(frozen=True)
+class DrawnMark:
+    """The pixels one finding or device changed on the film (its side where it has one): where regions come from."""
+
+    finding: str  # one of FINDINGS
+    side: str | None
+    mask: np.ndarray  # bool (rows, cols)
+
+
+@dataclass(frozen=True)
 class _Geometry:
     rows: int
     cols: int
@@ -170,7 +179,8 @@ def _draw_anatomy(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, rng: n
     heart_ry = 0.10 + 0.15 * geo.heart_width
     heart_cx = geo.midline + geo.heart_width / 6  # two thirds of the heart lie left of the midline
     heart_cy = geo.dome["left"] - 0.55 * heart_ry
-    film[canvas.ellipse(heart_cy, heart_cx, heart_ry, geo.heart_width / 2)] = 0.62
+    heart = canvas.ellipse(heart_cy, heart_cx, heart_ry, geo.heart_width / 2)
+    film[heart] = 0.62
     film[(np.abs(x - geo.midline) < 0.045) & (y > 0.08)] = 0.78  # spine
     trachea = (np.abs(x - geo.midline) < 0.022) & (y < geo.carina_y)
     film[trachea] -= 0.22
@@ -179,8 +189,15 @@ def _draw_anatomy(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, rng: n
         film[canvas.stroke([(geo.carina_y, geo.midline), end], 0.035 * canvas.rows)] -= 0.18
     clavicle = (np.abs(y - (0.17 + 0.06 * np.abs(x - 0.5))) < 0.012) & (np.abs(x - 0.5) < 0.3)
     film[clavicle] = 0.85  # clavicles stay symmetric about the true midline: rotation shows as offset heads
-    film[(y > diaphragm) & body] = 0.5
-    return {"lungs": lungs, "collapsed_space": collapsed_space, "diaphragm": diaphragm}
+    below = (y > diaphragm) & body
+    film[below] = 0.5
+    return {
+        "lungs": lungs,
+        "collapsed_space": collapsed_space,
+        "pleural_line": pleural_line,
+        "diaphragm": diaphragm,
+        "heart": heart & ~below,  # what shows of it above the diaphragm
+    }
 
 
 def _lobe_centre(geo: _Geometry, lobe: str, rng: np.random.Generator) -> tuple[float, float]:
@@ -193,9 +210,15 @@ def _lobe_centre(geo: _Geometry, lobe: str, rng: np.random.Generator) -> tuple[f
     return float(cy), float(cx)
 
 
-def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks: dict, rng) -> None:
+def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks: dict, rng) -> list[DrawnMark]:
     film, y, x = canvas.film, canvas.y, canvas.x
     px_per_cm = geo.cm * canvas.rows
+    marks = []
+    if labels.heart.enlarged:
+        marks.append(DrawnMark("cardiomegaly", None, masks["heart"]))
+    if labels.pneumothorax is not None:
+        space = masks["collapsed_space"] | masks["pleural_line"]
+        marks.append(DrawnMark("pneumothorax", labels.pneumothorax.side, space))
     if labels.consolidation is not None:
         # Patchy, ill-defined airspace opacity filling much of the lobe, with air bronchograms: unlike a mass it
         # is neither round nor homogeneous.
@@ -209,6 +232,7 @@ def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks
             start = (cy + rng.uniform(-0.02, 0.02), cx - LATERAL[side] * 0.03)
             end = (cy + rng.uniform(-0.06, 0.06), cx + LATERAL[side] * rng.uniform(0.03, 0.07))
             film[canvas.stroke([start, end], 0.006 * canvas.rows) & region] -= 0.14
+        marks.append(DrawnMark("consolidation", side, region))
     if labels.nodule is not None:
         cy, cx = _lobe_centre(geo, labels.nodule.lobe, rng)
         radius = labels.nodule.size_cm / 2 * px_per_cm
@@ -227,6 +251,8 @@ def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks
             d = canvas.distance_px(ly, lx)
             thickness = np.maximum(thickness, np.sqrt(np.clip(1.0 - (d / lr) ** 2, 0.0, 1.0)))
         film += 0.32 * thickness
+        side = "right" if labels.nodule.lobe.startswith("right") else "left"
+        marks.append(DrawnMark("nodule_or_mass", side, thickness > 0))
     if labels.effusion is not None:
         # Fluid fills the costophrenic angle (small: the angle is blunted) and, larger, climbs the lateral chest
         # wall as a meniscus, concave upwards.
@@ -237,14 +263,19 @@ def _draw_findings(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels, masks
             pleural_space = _lung_shape(canvas, geo.lung_cy, LUNG_CX[side], geo.lung_ry * 1.03, LUNG_RX * 1.03) <= 1
             fluid = (y > level) & pleural_space & (y < masks["diaphragm"] + 0.005)
             film[fluid] = np.maximum(film[fluid], 0.56)
+            marks.append(DrawnMark("pleural_effusion", side, fluid))
+    return marks
 
 
-def _draw_devices(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels) -> None:
+def _draw_devices(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels) -> list[DrawnMark]:
     width = 0.007 * canvas.rows
     svc_x = geo.midline - 0.06
+    marks = []
     if labels.endotracheal_tube is not None:
         tip = geo.carina_y - labels.endotracheal_tube.tip_above_carina_cm * geo.cm
-        canvas.film[(np.abs(canvas.x - geo.midline) * canvas.cols < 0.011 * canvas.rows) & (canvas.y < tip)] = 0.93
+        tube = (np.abs(canvas.x - geo.midline) * canvas.cols < 0.011 * canvas.rows) & (canvas.y < tip)
+        canvas.film[tube] = 0.93
+        marks.append(DrawnMark("endotracheal_tube", None, tube))
     if labels.central_line is not None:
         tip_y = (
             geo.carina_y
@@ -254,14 +285,44 @@ def _draw_devices(canvas: _Canvas, geo: _Geometry, labels: PhantomLabels) -> Non
             path = _curve((0.0, 0.42), (0.18, 0.43), (0.26, svc_x)) + [(tip_y, svc_x - 0.005)]
         else:
             path = _curve((0.21, 0.86), (0.24, 0.62), (0.22, geo.midline), (0.3, svc_x)) + [(tip_y, svc_x - 0.005)]
-        canvas.stroke(path, width, 0.92)
+        route_side = "right" if labels.central_line.route.startswith("right") else "left"
+        marks.append(DrawnMark("central_line", route_side, canvas.stroke(path, width, 0.92)))
     if labels.pacemaker is not None:
         gx = 0.80 if labels.pacemaker.side == "left" else 0.20
         apex = (geo.dome["left"] - 0.07, geo.midline + geo.heart_width * 0.45)
         lead = _curve((0.2, gx), (0.22, geo.midline - 0.02), (0.34, svc_x), (apex[0] - 0.1, apex[1] - 0.1), apex)
-        canvas.stroke(lead, width * 0.8, 0.95)
+        lead_mask = canvas.stroke(lead, width * 0.8, 0.95)
         generator = canvas.distance_px(0.2, gx) <= 0.035 * canvas.rows
         canvas.film[generator] = 0.98
+        marks.append(DrawnMark("pacemaker", labels.pacemaker.side, lead_mask | generator))
+    return marks
+
+
+@dataclass(frozen=True)
+class DrawnFilm:
+    """A phantom before noise and exposure: the canvas, what each finding drew, and the random stream to go on with."""
+
+    film: np.ndarray
+    marks: tuple[DrawnMark, ...]
+    lung_top: float  # y of the lung apices and of the costophrenic angles (the lower one): the lungs' height
+    lung_base: float
+    rng: np.random.Generator
+
+
+def draw_film(seed: int, rows: int, cols: int | None, labels: PhantomLabels) -> DrawnFilm:
+    """Anatomy, findings and devices of a phantom, noise-free, with the mask of every finding drawn. The single
+    place the geometry is decided: labelled_phantom adds noise and exposure to it, phantoms.regions boxes its
+    marks, so a region always covers what the film shows."""
+    rng = np.random.default_rng([seed, 0xF11])
+    seed_cols = int(rng.integers(416, 513)) // 16 * 16 * rows // 512  # drawn either way: same geometry for any cols
+    cols = seed_cols if cols is None else cols
+    canvas = _Canvas(rows, cols)
+    geo = _geometry(labels, rows, cols, rng)
+    masks = _draw_anatomy(canvas, geo, labels, rng)
+    marks = _draw_findings(canvas, geo, labels, masks, rng)
+    marks += _draw_devices(canvas, geo, labels)
+    base = max(geo.dome.values())
+    return DrawnFilm(canvas.film, tuple(marks), geo.lung_cy - geo.lung_ry, base, rng)
 
 
 def labelled_phantom(seed: int, rows: int = 512, cols: int | None = None, labels: PhantomLabels | None = None):
@@ -269,17 +330,15 @@ def labelled_phantom(seed: int, rows: int = 512, cols: int | None = None, labels
     placement as that seed otherwise). Deterministic for a given seed, size and labels. cols defaults to a width
     drawn from the seed (416-512 at 512 rows), so zero-padding to square varies as with real films."""
     labels = sample_labels(seed) if labels is None else labels
-    rng = np.random.default_rng([seed, 0xF11])
-    if cols is None:
-        cols = int(rng.integers(416, 513)) // 16 * 16 * rows // 512
-    canvas = _Canvas(rows, cols)
-    geo = _geometry(labels, rows, cols, rng)
-    masks = _draw_anatomy(canvas, geo, labels, rng)
-    _draw_findings(canvas, geo, labels, masks, rng)
-    _draw_devices(canvas, geo, labels)
+    return expose(draw_film(seed, rows, cols, labels), labels)
+
+
+def expose(drawn: DrawnFilm, labels: PhantomLabels) -> LabelledPhantom:
+    """The drawn film with its exposure's noise and contrast: the finished phantom (consumes drawn.rng)."""
+    rng = drawn.rng
     exposure = labels.technique.exposure
     noise = {"adequate": 0.01, "under": 0.022, "over": 0.012}[exposure]
-    film = np.clip(canvas.film + rng.normal(0.0, noise, size=canvas.film.shape), 0.0, 1.0)
+    film = np.clip(drawn.film + rng.normal(0.0, noise, size=drawn.film.shape), 0.0, 1.0)
     gamma = {"adequate": (0.9, 1.1), "under": (0.5, 0.65), "over": (1.6, 1.9)}[exposure]
     return LabelledPhantom(film ** rng.uniform(*gamma), labels)
 
