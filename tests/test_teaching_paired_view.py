@@ -25,7 +25,9 @@ PRIOR, CURRENT = _film(3, 512), _film(4, 512, 448)  # two sizes: the halves diff
 def _halves(picture: np.ndarray, placed: paired_view.PairLayout) -> tuple[np.ndarray, np.ndarray]:
     top = placed.top
     left = picture[top : top + placed.prior.out_rows, : placed.prior.out_cols]
-    right = picture[top : top + placed.current.out_rows, placed.current_left : placed.current_left + placed.current.out_cols]
+    right = picture[
+        top : top + placed.current.out_rows, placed.current_left : placed.current_left + placed.current.out_cols
+    ]
     return left, right
 
 
@@ -43,7 +45,9 @@ def test_each_half_is_the_single_viewer_picture_under_the_same_state():
 def test_a_window_change_changes_both_halves():
     state = ViewState.initial(CURRENT)
     before, placed = paired_view.render_pair(PRIOR, CURRENT, state, "1 year earlier")
-    after, _ = paired_view.render_pair(PRIOR, CURRENT, state.with_window(state.centre + 600, state.width), "1 year earlier")
+    after, _ = paired_view.render_pair(
+        PRIOR, CURRENT, state.with_window(state.centre + 600, state.width), "1 year earlier"
+    )
     for old, new in zip(_halves(before, placed), _halves(after, placed), strict=True):
         assert np.abs(old.astype(int) - new.astype(int)).mean() > 20  # a higher level: both films darker
 

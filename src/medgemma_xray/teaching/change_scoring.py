@@ -1,7 +1,7 @@
 """The student's "what changed since the prior?" read, scored finding by finding against the pair's change key.
 
 A change read maps a finding (phantoms.findings.FINDINGS) to a change kind (the vocabulary of
-phantoms.progression: appeared, resolved, grew, shrank, removed, inserted, unchanged); a finding left out, or set
+phantoms.progression: grew, shrank, appeared, removed, inserted; and "unchanged"); a finding left out, or set
 to "", is a change the student did not claim. A change key is the pair's list of changes (finding, kind).
 
 Which findings count, exactly:
@@ -25,10 +25,21 @@ UNCHANGED = "unchanged"
 
 
 def change_kinds() -> tuple[str, ...]:
-    """The change vocabulary, as phantoms.progression defines it (the phantoms and the demo model use it too)."""
+    """The kinds a change read offers: phantoms.progression's change vocabulary, and "unchanged" (the answer for a
+    finding the reader looked at and saw no change in; progression never lists it as a change)."""
     from medgemma_xray.phantoms.progression import CHANGE_KINDS
 
-    return tuple(CHANGE_KINDS)
+    return (*CHANGE_KINDS, UNCHANGED)
+
+
+def model_changes(statement: str) -> dict[str, str] | None:
+    """The changes a model's "what changed" answer states, finding -> kind (progression's parser, after any
+    thinking trace); {} for "no interval change"; None when the answer states neither."""
+    from medgemma_xray.grounding.prompts import strip_thinking
+    from medgemma_xray.phantoms.progression import parse_change_statement
+
+    found = parse_change_statement(strip_thinking(statement))
+    return None if found is None else dict(sorted(found))
 
 
 @dataclass(frozen=True)

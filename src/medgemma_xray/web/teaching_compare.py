@@ -30,10 +30,6 @@ from medgemma_xray.web.teaching_practice import change_markdown
 from medgemma_xray.web.teaching_view import VIEW_OUT, view_outputs
 
 EVENTS = PageEvents()
-COMPARE_QUESTION = (
-    "Compare the current chest X-ray with the prior one. What has changed since the prior film: which findings "
-    "have appeared, resolved, grown, shrunk, or been removed?"
-)
 STILL_SHOWN = "The two films are still shown side by side."
 LOADING = "The model is not ready yet; What changed? opens once it has loaded (reopen the case)."
 PRIOR_CONTROLS = ["change_group", "compare_button", "compare_note"]
@@ -110,6 +106,7 @@ def upload_prior(page: TeachingPage, values: dict) -> dict:
 
 
 def _compare_request(page: TeachingPage, round_: Round):
+    from medgemma_xray.grounding.prompts import COMPARISON_PROMPT
     from medgemma_xray.inference_api.types import ChatTurn, GenerationRequest
     from medgemma_xray.web.asking import AskRefused
 
@@ -118,7 +115,7 @@ def _compare_request(page: TeachingPage, round_: Round):
         raise refused("This case has no prior film to compare with.", logger, "teaching")
     request = GenerationRequest(
         image=round_.model_image,
-        turns=(ChatTurn("user", COMPARE_QUESTION),),
+        turns=(ChatTurn("user", COMPARISON_PROMPT),),
         max_new_tokens=page.settings.max_new_tokens,
         image_key=round_.image_key,
         prior_image=prior.model_image,

@@ -56,27 +56,31 @@ def missed_and_right(round_: Round) -> tuple[set[str], set[str]]:
 
 
 def change_markdown(round_: Round) -> str:
-    """The change read's table after the reveal (key, student), and the model's statement when it was asked."""
-    from medgemma_xray.teaching.change_scoring import change_text, score_changes
+    """The change read's table after the reveal (key, student, and the model where its statement was asked and
+    states the finding), then the model's statement itself."""
+    from medgemma_xray.teaching.change_scoring import change_text, model_changes, score_changes
 
     prior = round_.prior
     if prior is None or prior.change_key is None:
         return ""
-    lines = ["**What changed since the prior**"]
+    listed = "; ".join(f"{f.replace('_', ' ')} {k}" for f, k in prior.change_key.items()) or "no interval change"
+    lines = ["**What changed since the prior**", f"Key: {listed}."]
+    model = model_changes(prior.statement) if prior.statement else None
     if round_.change_read is None:
         lines.append("No change read entered (quiz off).")
     else:
         score = score_changes(round_.change_read, prior.change_key)
-        lines += [f"Student: {score.summary()}", "", "| Finding | Key | Student |", "|---|---|---|"]
-        lines += [
-            f"| {m.label} | {m.key} | {change_text(m.read)} ({'right' if m.right else '**wrong**'}) |"
-            for m in score.marks
-        ]
+        lines += [f"Student: {score.summary()}", "", "| Finding | Key | Student | Model |", "|---|---|---|---|"]
+        for m in score.marks:
+            said = "–" if model is None else change_text(model.get(m.finding))
+            lines.append(
+                f"| {m.label} | {m.key} | {change_text(m.read)} ({'right' if m.right else '**wrong**'}) | {said} |"
+            )
     lines.append("")
     lines.append(
         f"The model on what changed: _{prior.statement}_"
         if prior.statement
-        else "The model on what changed: press **What changed?** to ask it."
+        else "The model on what changed: press **What changed since the prior?** to ask it."
     )
     return "\n".join(lines)
 
