@@ -49,3 +49,34 @@ def test_a_change_key_from_pairs_or_objects():
         "pneumothorax": "appeared",
         "central_line": "removed",
     }
+
+
+def test_the_session_csv_and_pdf_carry_the_change_read_beside_the_models_statement():
+    import csv
+    import io
+    import shutil
+    import subprocess
+
+    from medgemma_xray.teaching.session_export import CaseRecord, session_csv, session_pdf
+
+    statement = "Compared with the prior: The right pleural effusion has grown, small to large."
+    paired = CaseRecord(
+        title="Phantom follow-up 01",
+        change_key={"pleural_effusion": "grew"},
+        change_read={"pleural_effusion": "grew", "pacemaker": "appeared"},
+        change_statement=statement,
+    )
+    rows = list(csv.DictReader(io.StringIO(session_csv([paired, CaseRecord(title="Phantom case 01")]))))
+    assert {k: rows[0][k] for k in ("changes_score", "changes (key)", "changes (student)", "what changed (model)")} == {
+        "changes_score": "1/2",
+        "changes (key)": "pleural effusion grew",
+        "changes (student)": "pleural effusion grew (right); pacemaker appeared (WRONG)",
+        "what changed (model)": statement,
+    }
+    assert all(rows[1][k] == "" for k in ("changes_score", "changes (key)", "changes (student)"))  # no prior
+    if not shutil.which("pdftotext"):
+        pytest.skip("poppler-utils (pdftotext) not installed: setup_env.sh --dev")
+    text = subprocess.run(["pdftotext", "-", "-"], input=session_pdf([paired]), capture_output=True, check=True).stdout
+    words = " ".join(text.decode().split())
+    assert "What changed since the prior: student 1/2" in words and "appeared (WRONG)" in words
+    assert "The model on what changed: Compared with the prior" in words

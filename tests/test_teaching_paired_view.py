@@ -38,7 +38,7 @@ def test_each_half_is_the_single_viewer_picture_under_the_same_state():
     assert np.array_equal(left, viewer.render_view(PRIOR, state)[0])
     assert np.array_equal(right, viewer.render_view(CURRENT, state)[0])
     assert placed.current_left == placed.prior.out_cols + paired_view.GAP_PX
-    band = picture[: paired_view.BAND_PX]
+    band = picture[-paired_view.BAND_PX :]
     assert band[:, : placed.prior.out_cols].max() > 200 and band[:, placed.current_left :].max() > 200  # labels
 
 
@@ -62,7 +62,8 @@ def test_a_click_on_either_half_is_the_same_click_on_the_current_film():
     panned_current = paired_view.click(PRIOR, CURRENT, state, *on_current)
     assert np.allclose(panned_prior.focus, (0.25, 1 / 3), atol=0.01)
     assert np.allclose(panned_prior.focus, panned_current.focus, atol=0.01)
-    assert paired_view.click(PRIOR, CURRENT, state, 5, 3) == state  # the label band: nothing
+    below = placed.prior.out_rows + 3
+    assert paired_view.click(PRIOR, CURRENT, state, 5, below) == state  # the label band: nothing
     ruler = paired_view.click(PRIOR, CURRENT, ViewState.initial(CURRENT), *on_prior)
     row, col = ruler.points[0]
     assert abs(row - 0.25 * CURRENT.shape[0]) < 2 and abs(col - CURRENT.shape[1] / 3) < 2  # in the current's pixels

@@ -73,7 +73,7 @@ def browser():
 def _halves(picture: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The prior's and the current film's pixels (a pair's films have one size: two equal halves, GAP_PX apart)."""
     half = (picture.shape[1] - GAP_PX) // 2
-    films = picture[BAND_PX:]
+    films = picture[:-BAND_PX]
     return films[:, :half], films[:, half + GAP_PX :]
 
 
@@ -94,8 +94,10 @@ def test_the_prior_is_beside_the_film_and_one_level_changes_both(browser, prior_
     start = _view_pixels(page)
     prior, current = _halves(start)
     assert prior.shape == current.shape and start.shape[1] > start.shape[0]  # two films across
-    assert start[:BAND_PX].max() > 200  # the labels' text
+    assert start[-BAND_PX:].max() > 200  # the labels' text
     assert prior.mean() > 20 and current.mean() > 20  # both films drawn, not a blank half
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.locator("#teach-main-row").screenshot(path=str(ARTIFACTS / "teaching_prior_side_by_side.png"))
     before = page.get_attribute("#teach-view img", "src")
     level = float(page.input_value("#teach-level input"))
     page.fill("#teach-level input", f"{level * 1.6:g}")  # a higher level: both films darker
@@ -103,8 +105,6 @@ def test_the_prior_is_beside_the_film_and_one_level_changes_both(browser, prior_
     after = _new_view(page, before)
     for old, new in zip(_halves(start), _halves(after), strict=True):
         assert float(old.mean()) - float(new.mean()) > 15, (old.mean(), new.mean())
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.locator("#teach-main-row").screenshot(path=str(ARTIFACTS / "teaching_prior_side_by_side.png"))
     page.close()
 
 
@@ -126,7 +126,13 @@ def test_the_change_read_is_scored_and_the_model_asked_what_changed(browser, pri
     table = page.inner_text("#teach-change-box")
     assert "Student: 1/2" in table and "appeared (wrong)" in table, table
     page.click("#teach-compare")
-    page.wait_for_selector("#teach-change-box :text('The model on what changed: ')", timeout=300_000)
+    page.wait_for_function(  # the statement in place of "press What changed? to ask it", streamed to its end
+        """() => { const t = document.querySelector('#teach-change-box').innerText;
+                   return t.includes('The model on what changed: ') && !t.includes('to ask it'); }""",
+        timeout=300_000,
+    )
+    answered = page.inner_text("#teach-change-box")
+    assert "Student: 1/2" in answered and "Model" in answered, answered  # the table has the model's column
     page.locator("#teach-change-box").screenshot(path=str(ARTIFACTS / "teaching_prior_change_read.png"))
     page.close()
 

@@ -1,8 +1,8 @@
 """The prior and the current film side by side, linked: one ViewState (window, level, invert, zoom, pan, the
 tool's marks) applied to both, each half rendered by teaching/viewer.py from its own overview.
 
-Layout: a label band on top (the prior's interval over the left half, "Current" over the right), then the prior
-on the left and the current film on the right, GAP_PX apart. The films' pixels are the viewer's own: nothing is
+Layout: the prior on the left and the current film on the right, GAP_PX apart, and a label band below them (the
+prior's interval under the left half, "Current" under the right: the page's own label covers the picture's top). The films' pixels are the viewer's own: nothing is
 drawn over a film. Zoom and pan are fractions of each film (the view's focus), so the same anatomy stays in view
 on both when the two films differ in size; the marks are kept in the current film's pixels and drawn on the prior
 at the same fractions. A click on either half acts as the same click on the current film.
@@ -18,7 +18,7 @@ from medgemma_xray.teaching import viewer
 from medgemma_xray.teaching.viewer import Crop, DisplayFilm, ViewState
 
 GAP_PX = 8
-BAND_PX = 26  # the label band's height
+BAND_PX = 44  # the label band's height (its text stays legible when the page scales the pair to half)
 CURRENT_LABEL = "Current"
 
 
@@ -27,7 +27,7 @@ class PairLayout:
     prior: Crop
     current: Crop
     current_left: int  # x of the current half's first column in the composed picture
-    top: int  # y of the films' first row (below the label band)
+    top: int  # y of the films' first row (0: the label band is below them)
 
 
 def prior_label(interval: str) -> str:
@@ -52,7 +52,7 @@ def layout(
 ) -> PairLayout:
     prior_crop = viewer.view_crop(prior.shape, state, view_max)
     current_crop = viewer.view_crop(current.shape, state, view_max)
-    return PairLayout(prior_crop, current_crop, prior_crop.out_cols + GAP_PX, BAND_PX)
+    return PairLayout(prior_crop, current_crop, prior_crop.out_cols + GAP_PX, 0)
 
 
 def needs_full(prior: DisplayFilm, current: DisplayFilm, state: ViewState) -> tuple[bool, bool]:
@@ -60,12 +60,12 @@ def needs_full(prior: DisplayFilm, current: DisplayFilm, state: ViewState) -> tu
     return viewer.needs_full(prior, prior_state(prior, current, state)), viewer.needs_full(current, state)
 
 
-def _label(picture, x: int, text: str) -> None:
+def _label(picture, x: int, y: int, text: str) -> None:
     from PIL import ImageDraw, ImageFont
 
     draw = ImageDraw.Draw(picture)
-    font = ImageFont.load_default(size=16)
-    draw.text((x + 6, 4), text, fill=230 if picture.mode == "L" else (230, 230, 230), font=font)
+    font = ImageFont.load_default(size=30)
+    draw.text((x + 8, y + 6), text, fill=230 if picture.mode == "L" else (230, 230, 230), font=font)
 
 
 def render_pair(
@@ -85,20 +85,21 @@ def render_pair(
     right, _ = viewer.render_view(current, state, view_max, full=full_current)
     placed = layout(prior, current, state, view_max)
     rgb = left.ndim == 3 or right.ndim == 3
-    rows = BAND_PX + max(left.shape[0], right.shape[0])
+    films = max(left.shape[0], right.shape[0])
+    rows = films + BAND_PX
     cols = placed.current_left + right.shape[1]
     canvas = np.zeros((rows, cols, 3) if rgb else (rows, cols), dtype=np.uint8)
 
     def place(half: np.ndarray, x: int) -> None:
         if rgb and half.ndim == 2:
             half = np.repeat(half[:, :, None], 3, axis=2)
-        canvas[BAND_PX : BAND_PX + half.shape[0], x : x + half.shape[1]] = half
+        canvas[: half.shape[0], x : x + half.shape[1]] = half
 
     place(left, 0)
     place(right, placed.current_left)
     picture = Image.fromarray(canvas)
-    _label(picture, 0, prior_label(interval))
-    _label(picture, placed.current_left, CURRENT_LABEL)
+    _label(picture, 0, films, prior_label(interval))
+    _label(picture, placed.current_left, films, CURRENT_LABEL)
     return np.asarray(picture), placed
 
 
@@ -114,8 +115,6 @@ def click(
     calliper, probe); on the band or the gap it changes nothing."""
     placed = layout(prior, current, state, view_max)
     y = view_y - placed.top
-    if y < 0:
-        return state
     if view_x < placed.prior.out_cols:
         if y >= placed.prior.out_rows:
             return state

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from medgemma_xray.teaching.prior_case import CaseChange
 
@@ -46,13 +46,15 @@ def _film_bytes(film, seed: int, rows: int) -> tuple[str, bytes]:
 
 def write_pair_films(folder: Path, seed: int) -> WrittenPair:
     """The pair of this seed's films written into `folder`; what its sidecar needs."""
+    from medgemma_xray.phantoms.labelled import LabelledPhantom
     from medgemma_xray.phantoms.progression import progression_pair
 
     pair = progression_pair(seed)
-    rows = pair.current.film.shape[0]
+    current, prior = cast(LabelledPhantom, pair.current), cast(LabelledPhantom, pair.prior)
+    rows = current.film.shape[0]
     stem = f"phantom_pair_{seed:06d}"
-    suffix, current_bytes = _film_bytes(pair.current.film, seed, rows)
-    _, prior_bytes = _film_bytes(pair.prior.film, seed, rows)
+    suffix, current_bytes = _film_bytes(current.film, seed, rows)
+    _, prior_bytes = _film_bytes(prior.film, seed, rows)
     film = folder / f"{stem}{suffix}"
     film.write_bytes(current_bytes)
     prior_name = f"{stem}.prior{suffix}"
@@ -62,7 +64,7 @@ def write_pair_films(folder: Path, seed: int) -> WrittenPair:
         film=film,
         prior_name=prior_name,
         interval=INTERVALS[seed % len(INTERVALS)],
-        current_labels=pair.current.labels,
-        prior_labels=pair.prior.labels,
+        current_labels=current.labels,
+        prior_labels=prior.labels,
         changes=tuple(CaseChange(c.finding, c.kind, c.text) for c in pair.changes),
     )
