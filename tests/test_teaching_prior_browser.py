@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gradio_client import Client
+from gradio_client import Client, handle_file
 
 from medgemma_xray.phantoms.findings import FINDINGS
 from medgemma_xray.teaching.library import load_library, write_starter_set
@@ -124,7 +124,7 @@ def test_the_change_read_is_scored_and_the_model_asked_what_changed(browser, pri
     page.click("#teach-reveal")
     _wait_revealed(page)
     table = page.inner_text("#teach-change-box")
-    assert "Student: 1/2" in table and "appeared (wrong)" in table, table
+    assert "Student: 1/2." in table and "appeared (wrong)" in table, table
     page.click("#teach-compare")
     page.wait_for_function(  # the statement in place of "press What changed? to ask it", streamed to its end
         """() => { const t = document.querySelector('#teach-change-box').innerText;
@@ -132,7 +132,7 @@ def test_the_change_read_is_scored_and_the_model_asked_what_changed(browser, pri
         timeout=300_000,
     )
     answered = page.inner_text("#teach-change-box")
-    assert "Student: 1/2" in answered and "Model" in answered, answered  # the table has the model's column
+    assert "Student: 1/2." in answered and "Model" in answered, answered  # the table has the model's column
     page.locator("#teach-change-box").screenshot(path=str(ARTIFACTS / "teaching_prior_change_read.png"))
     page.close()
 
@@ -203,3 +203,26 @@ def test_without_the_capability_what_changed_is_disabled_and_says_who_compares(b
     assert page.locator("#teach-compare").is_disabled()
     assert "does not compare a film with a prior" in page.inner_text("#teach-compare-note")
     page.close()
+
+
+def test_a_teacher_uploads_a_prior_for_an_uploaded_film_and_not_for_a_library_case(prior_server, tmp_path):
+    from PIL import Image
+
+    from medgemma_xray.phantoms.films import png_bytes, quantize
+    from medgemma_xray.phantoms.progression import progression_pair
+
+    pair = progression_pair(7, kind="nodule_appeared")
+    film, prior = tmp_path / "Doe_Jane_today.png", tmp_path / "Doe_Jane_last_year.png"
+    film.write_bytes(png_bytes(quantize(pair.current.film, 8)))
+    prior.write_bytes(png_bytes(quantize(pair.prior.film, 8)))
+    client = Client(prior_server.url, verbose=False)
+    client.predict(api_name="/teaching_cases")  # the page's load: the library's choices
+    client.predict("phantom_case_900000", api_name="/teaching_open_case")
+    with pytest.raises(Exception, match="A library case's prior comes from its sidecar"):
+        client.predict(handle_file(str(prior)), api_name="/teaching_upload_prior")
+    client.predict(handle_file(str(film)), api_name="/teaching_upload_film")
+    view, _, _, measure, *_ = client.predict(handle_file(str(prior)), api_name="/teaching_upload_prior")
+    picture = np.asarray(Image.open(view).convert("L"))
+    assert picture.shape[1] > 1.5 * picture.shape[0] and "Side by side" in measure
+    prior_half, current_half = _halves(picture)
+    assert np.abs(prior_half.astype(int) - current_half.astype(int)).mean() > 1  # two films, not one twice

@@ -64,13 +64,13 @@ def change_markdown(round_: Round) -> str:
     if prior is None or prior.change_key is None:
         return ""
     listed = "; ".join(f"{f.replace('_', ' ')} {k}" for f, k in prior.change_key.items()) or "no interval change"
-    lines = ["**What changed since the prior**", f"Key: {listed}."]
+    lines = ["**What changed since the prior**", "", f"Key: {listed}.", ""]
     model = model_changes(prior.statement) if prior.statement else None
     if round_.change_read is None:
         lines.append("No change read entered (quiz off).")
     else:
         score = score_changes(round_.change_read, prior.change_key)
-        lines += [f"Student: {score.summary()}", "", "| Finding | Key | Student | Model |", "|---|---|---|---|"]
+        lines += [f"Student: {score.summary()}.", "", "| Finding | Key | Student | Model |", "|---|---|---|---|"]
         for m in score.marks:
             said = "–" if model is None else change_text(model.get(m.finding))
             lines.append(
