@@ -110,6 +110,8 @@ def test_reviewed_cards_only_for_misses_and_for_findings_already_missed():
     assert cards["pleural_effusion"].due == days(1) and cards["pneumothorax"].due == DAY
     assert due_findings(cards, DAY) == ("pneumothorax",)
     assert due_findings(cards, days(1)) == ("pneumothorax", "pleural_effusion")  # the most overdue first
+    early = reviewed(cards, missed=[], right=["pleural_effusion"], today=DAY)  # right again, before it is due
+    assert early["pleural_effusion"] == cards["pleural_effusion"]
 
 
 def test_a_practice_round_prefers_unseen_cases_that_show_the_due_findings():

@@ -6,7 +6,7 @@ The schedule is SM-2 (Wozniak 1990), as Anki and SuperMemo's successors use it: 
 (0-5) moves the ease by 0.1 - (5 - q) * (0.08 + (5 - q) * 0.02); q >= 3 grows the interval (1 day, then 6, then
 the interval times the ease the card had before this review, rounded); q < 3 starts the card over. SM-2 repeats a card graded below 4 in the same
 session until it is recalled, so a miss is due again today (its interval is 1 day from the next recall).
-A finding missed on Reveal is reviewed with MISSED (1); a finding the student already has a card for and gets
+A finding missed on Reveal is reviewed with MISSED (1); a finding whose card is due and that the student gets
 right is reviewed with RECALLED (4).
 
 The file (PracticeMemory) holds, per student name as typed (the empty name for a student who gave none), per
@@ -89,13 +89,14 @@ Cards = dict[str, Card]  # finding -> card
 
 def reviewed(cards: Mapping[str, Card], missed: Iterable[str], right: Iterable[str], today: datetime.date) -> Cards:
     """One revealed case's effect on a student's cards: each missed finding reviewed as MISSED (a card made if
-    needed); each finding got right that already has a card reviewed as RECALLED (one never missed gets none)."""
+    needed); each finding got right whose card is due reviewed as RECALLED (one never missed gets no card, and
+    one not yet due keeps its schedule: seeing it right early does not space it out further)."""
     updated = dict(cards)
     missed = set(missed)
     for finding in missed:
         updated[finding] = review(updated.get(finding), MISSED, today)
     for finding in set(right) - missed:
-        if finding in updated:
+        if finding in updated and updated[finding].is_due(today):  # one not yet due keeps its schedule
             updated[finding] = review(updated[finding], RECALLED, today)
     return updated
 

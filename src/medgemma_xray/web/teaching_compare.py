@@ -37,8 +37,8 @@ PRIOR_CONTROLS = ["change_group", "compare_button", "compare_note"]
 
 def compares_with_prior(page: TeachingPage) -> tuple[bool, str]:
     """Whether the serving checkpoint compares with a prior (its "longitudinal" capability), and if not, why."""
-    from medgemma_xray.inference_api.capabilities import has_capability, missing_capability_message
     from medgemma_xray.engine_bundle.checkpoint_profile import LONGITUDINAL
+    from medgemma_xray.inference_api.capabilities import has_capability, missing_capability_message
 
     info = page.service.info()
     if info is None:

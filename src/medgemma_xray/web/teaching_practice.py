@@ -124,9 +124,9 @@ def practise(page: TeachingPage, values: dict) -> dict:
     except PracticeMemoryError as exc:
         raise refused(str(exc), logger, "teaching") from exc
     due = due_findings(cards, datetime.date.today())
-    who = "you" if not (student or "").strip() else "this name"
     if not due:
-        return {"order_note": f"Nothing to practise: no missed finding is due for {who}. {PRACTICE_HELP}"}
+        return {"order_note": f"Nothing to practise today: none of your missed findings is due. {PRACTICE_HELP}"}
+    names = ", ".join(f.replace("_", " ") for f in due)
     library = page.library()
     shows = [(case.case_id, _findings_shown(case)) for case in library.cases]
     session = session_of(values)
@@ -136,11 +136,9 @@ def practise(page: TeachingPage, values: dict) -> dict:
     }
     chosen = practice_case_ids(due, shows, seen)
     if not chosen:
-        names = ", ".join(f.replace("_", " ") for f in due)
         return {"order_note": f"Due for practice: {names}; no case in the library shows them. Ask the teacher."}
     session.update(lambda s: replace(s, order=tuple(chosen)))
     titles = [library.get(case_id).title for case_id in chosen]
-    names = ", ".join(f.replace("_", " ") for f in due)
     return {
         "case_list": gr.update(value=chosen[0]),
         "order_note": f"Practice round for your misses ({names}): {', '.join(titles)}. Open the case, then Next case.",
