@@ -14,20 +14,28 @@ from medgemma_xray.pytorch_backend.checkpoint import describe_checkpoint, weight
 
 
 def test_shared_image_loss_equals_the_models_own_forward_loss():
-    """One vision pass shared by several conversations must give the loss the model computes per sequence."""
+    """One vision pass shared by several conversations, and a pair's two films placed in order, must give the loss
+    the model computes per sequence from that sequence's own films."""
     torch.manual_seed(0)
-    processor = build_processor(build_tokenizer(tokenizer_corpus(50), vocab_size=512))
+    processor = build_processor(build_tokenizer(tokenizer_corpus(50), vocab_size=512, split_digits=True))
     model = build_model(build_config(len(processor.tokenizer), train.TEXT_CONFIG, train.VISION_CONFIG))
     train.prepare_for_training(model, 0)
-    data = TeachingData(processor, data_seed=0, films_per_step=1, pool_films=1, variants=1)
+    data = TeachingData(
+        processor, data_seed=0, films_per_step=1, pool_films=1, variants=1, pool_pairs=1, pairs_per_step=1
+    )
     batch = data.batch(0)
-    loss, _ = train.answer_loss(model, batch, "cpu")
+    assert batch.tasks == ["findings", "overview", "locate", "compare"]
+    per_task: dict = {}
+    loss, _ = train.answer_loss(model, batch, "cpu", per_task)
+    assert set(per_task) == set(batch.tasks)
     own = []
+    runs = iter(batch.image_index.tolist())
     for row in range(batch.input_ids.shape[0]):
         length = int(batch.attention_mask[row].sum())
+        films = [next(runs) for _ in range(int(batch.token_type_ids[row].sum()) // 256)]
         output = model(
             input_ids=batch.input_ids[row : row + 1, :length],
-            pixel_values=batch.pixel_values,
+            pixel_values=batch.pixel_values[films],
             attention_mask=batch.attention_mask[row : row + 1, :length],
             token_type_ids=batch.token_type_ids[row : row + 1, :length],
             labels=batch.labels[row : row + 1, :length],
@@ -57,6 +65,10 @@ TINY = [
     "--warmup",
     "1",
     "--log_every",
+    "1",
+    "--pool_pairs",
+    "1",
+    "--pairs_per_step",
     "1",
 ]
 
@@ -103,3 +115,10 @@ def test_run_record_and_marker_say_what_the_model_is_and_how_to_remake_it(two_ru
     assert "not a medical model" in record["notice"]
     description = describe_checkpoint(first)
     assert description.is_demo and description.model_id == train.TRAINED_MODEL_ID
+    # Taught to point and to compare: the marker declares both, and the checkpoint profile reads them.
+    marker = json.loads((first / "demo_checkpoint.json").read_text())
+    assert marker["capabilities"] == ["localisation", "longitudinal"]
+    assert set(record["loss_curve"][-1]["task_loss"]) == {"findings", "overview", "locate", "compare"}
+    from medgemma_xray.engine_bundle.checkpoint_profile import checkpoint_profile
+
+    assert checkpoint_profile(first).capabilities == {"localisation", "longitudinal"}

@@ -19,7 +19,7 @@ from medgemma_xray.phantoms.evaluation import TRAIN_SEED_BASE
 
 @pytest.fixture(scope="module")
 def processor():
-    return build_processor(build_tokenizer(tokenizer_corpus(200), vocab_size=1024))
+    return build_processor(build_tokenizer(tokenizer_corpus(200), vocab_size=1024, split_digits=True))
 
 
 def test_tokenisation_matches_the_processor_given_the_film(processor):
@@ -52,7 +52,8 @@ def test_batches_are_a_pure_function_of_seed_and_step(processor):
     assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.pixel_values, again.pixel_values)
     assert not torch.equal(first.pixel_values, other.pixel_values)
     assert tuple(first.pixel_values.shape) == (2, 3, 896, 896)
-    assert first.image_index.tolist() == [0, 0, 1, 1]
+    assert first.image_index.tolist() == [0, 0, 0, 1, 1, 1]  # three conversations a film
+    assert first.tasks == ["findings", "overview", "locate"] * 2
     assert (first.token_type_ids.sum(dim=1) == 256).all()
     assert first.answer_tokens > 100
     assert min(data.film_seed(index) for index in range(6)) >= TRAIN_SEED_BASE  # never a held-out phantom
@@ -80,3 +81,43 @@ def test_the_pool_holds_exactly_what_the_processor_gives_and_any_worker_count_dr
     # The pool goes to the device once, also when the name asked for is not the one a tensor reports ("cuda" vs
     # "cuda:0" re-sent 6 GB a step on the H200; "cpu:0" vs "cpu" is the same mismatch on this machine).
     assert alone.pixels_on("cpu:0") is alone.pixels_on("cpu:0")
+
+
+def test_two_films_tokenise_as_the_processor_does_and_a_pair_batch_places_them_in_order(processor):
+    """A pair's conversation holds the prior's image tokens, then the current film's, then the comparison prompt:
+    the ids the processor gives for [prior, current, text], as the serving path builds it."""
+    from medgemma_xray.grounding.prompts import COMPARISON_PROMPT
+
+    tokeniser = ConversationTokeniser(processor)
+    turns = [(COMPARISON_PROMPT, None)]
+    messages = chat(turns, images=2)
+    messages[1]["content"][0]["image"] = Image.new("RGB", (64, 64))
+    messages[1]["content"][1]["image"] = Image.new("RGB", (64, 64), (255, 255, 255))
+    assert [item["type"] for item in messages[1]["content"]] == ["image", "image", "text"]
+    expected = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    assert tokeniser.ids(turns, add_generation_prompt=True, images=2) == expected["input_ids"][0].tolist()
+    assert int((expected["token_type_ids"][0] == 1).sum()) == 512
+
+    data = TeachingData(
+        processor, data_seed=2, films_per_step=2, pool_films=2, variants=1, pool_pairs=2, pairs_per_step=1
+    )
+    batch = data.batch(0)
+    (pair_index,) = data.pair_indices(0)
+    pair = data.pairs[pair_index]
+    assert tuple(batch.pixel_values.shape) == (4, 3, 896, 896)  # two films, then the pair's prior and current
+    assert batch.image_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 3] and batch.tasks[-1] == "compare"
+    assert batch.token_type_ids.sum(dim=1).tolist() == [256] * 6 + [512]
+    prior = torch.from_numpy(pair.prior).float() / 255.0
+    assert torch.allclose(batch.pixel_values[2, 0], (prior - 0.5) / 0.5)
+    learned = [token for token in batch.labels[-1].tolist() if token != IGNORE_INDEX]
+    assert processor.tokenizer.decode(learned).startswith("Compared with the prior: ")
+    assert batch.film_labels[2:] == [pair.prior_labels, pair.current_labels]
+    assert min(data.pair_seed(index) for index in range(2)) >= TRAIN_SEED_BASE
+
+
+def test_box_coordinates_are_written_digit_by_digit(processor):
+    ids = processor.tokenizer(' [545, 213, 740, 465]')["input_ids"]
+    pieces = [processor.tokenizer.decode([token]) for token in ids]
+    assert [p for p in pieces if p.strip().isdigit()] == list("545213740465")

@@ -92,3 +92,73 @@ def aux_loss(readout, features, film_labels: list[PhantomLabels]):
 
     targets = aux_targets(film_labels).to(features.device)
     return F.binary_cross_entropy_with_logits(readout(features), targets.expand(2, -1, -1))
+
+
+# The boxes the box read-out predicts: one per finding and side it can be on (dataset.model_boxes' keys).
+BOX_TARGETS = (
+    "pleural_effusion:right",
+    "pleural_effusion:left",
+    "cardiomegaly:None",
+    "pneumothorax:right",
+    "pneumothorax:left",
+    "nodule_or_mass:right",
+    "nodule_or_mass:left",
+    "consolidation:right",
+    "consolidation:left",
+    "endotracheal_tube:None",
+    "central_line:right",
+    "central_line:left",
+    "pacemaker:right",
+    "pacemaker:left",
+)
+
+
+def make_box_readout(hidden_size: int, generator_seed: int):
+    """Where each finding is, read from the image features: per BOX_TARGETS entry, a learned query pools the image
+    tokens and a linear map gives the box's four corners (fractions of the model's square). Like the label
+    read-out, a training aid only: it makes the image tokens say where a finding lies, not only whether, which is
+    what the language model must read to write a box."""
+    import torch
+    from torch import nn
+
+    class BoxReadout(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            generator = torch.Generator().manual_seed(generator_seed)
+            targets = len(BOX_TARGETS)
+            self.query = nn.Parameter(torch.randn(targets, hidden_size, generator=generator) / math.sqrt(hidden_size))
+            self.weight = nn.Parameter(
+                torch.randn(targets, 4, hidden_size, generator=generator) / math.sqrt(hidden_size)
+            )
+            self.bias = nn.Parameter(torch.tensor([0.3, 0.3, 0.7, 0.7]).repeat(targets, 1))
+
+        def forward(self, features):
+            features = features.float()
+            features = features * torch.rsqrt(features.pow(2).mean(-1, keepdim=True) + 1e-6)
+            attention = torch.softmax(torch.einsum("bth,kh->bkt", features, self.query), dim=-1)
+            pooled = torch.einsum("bkt,bth->bkh", attention, features)
+            return torch.einsum("bkh,kch->bkc", pooled, self.weight) + self.bias  # (films, targets, 4)
+
+    return BoxReadout()
+
+
+def box_targets(film_boxes: list[dict]):
+    """(targets (films, BOX_TARGETS, 4), mask (films, BOX_TARGETS)) from each film's model-frame boxes."""
+    import torch
+
+    targets = torch.zeros(len(film_boxes), len(BOX_TARGETS), 4)
+    mask = torch.zeros(len(film_boxes), len(BOX_TARGETS))
+    for row, boxes in enumerate(film_boxes):
+        for column, key in enumerate(BOX_TARGETS):
+            if key in boxes:
+                targets[row, column] = torch.tensor(boxes[key])
+                mask[row, column] = 1.0
+    return targets, mask
+
+
+def box_loss(readout, features, film_boxes: list[dict]):
+    """Mean L1 error of the present findings' corners (0 when the batch shows none)."""
+    targets, mask = box_targets(film_boxes)
+    targets, mask = targets.to(features.device), mask.to(features.device)
+    error = (readout(features) - targets).abs().mean(-1)
+    return (error * mask).sum() / mask.sum().clamp(min=1.0)

@@ -59,14 +59,20 @@ VISION_CONFIG = dict(
 )
 
 
-def build_tokenizer(corpus_lines: list[str] | None = None, vocab_size: int = VOCAB_TARGET):
+def build_tokenizer(corpus_lines: list[str] | None = None, vocab_size: int = VOCAB_TARGET, split_digits: bool = False):
     """Byte-level BPE trained deterministically on `corpus_lines` (default: radiology text), carrying Gemma 3's
-    special tokens."""
+    special tokens. split_digits: every digit its own token, as Gemma's tokenizer does (a box coordinate is then
+    written digit by digit, the same way for every value, which a small model learns far more easily than merged
+    digit groups that differ from number to number)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

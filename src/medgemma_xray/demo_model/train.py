@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from medgemma_xray.demo_model.auxiliary import aux_loss, make_readout
+from medgemma_xray.demo_model.auxiliary import aux_loss, box_loss, make_box_readout, make_readout
 from medgemma_xray.demo_model.build import build_config, build_model, build_processor, build_tokenizer
 from medgemma_xray.demo_model.dataset import (
     IGNORE_INDEX,
@@ -41,6 +41,7 @@ TRAINED_WARNING = (
     "and means nothing on a real radiograph. Not for clinical use."
 )
 RECORD_FILE = "training_record.json"
+SAVE_RESERVE_S = 15.0  # what --schedule_by_time keeps of --max_train_s for the last probe and the save
 # As small as still learns, so the CPU demo stays responsive. The vision tower keeps MedGemma's geometry (896 px,
 # patch 14: 4096 patches pooled to 256 image tokens); one layer is enough for the phantoms' findings.
 TEXT_CONFIG = dict(
@@ -98,9 +99,10 @@ def hidden_states(model, batch, device):
     return hidden, features
 
 
-def answer_loss(model, batch, device):
+def answer_loss(model, batch, device, per_task: dict | None = None):
     """Cross-entropy on the answer tokens only (labels are -100 elsewhere), and the image features. Written with
-    a one-hot product rather than nll_loss, which has no deterministic CUDA kernel."""
+    a one-hot product rather than nll_loss, which has no deterministic CUDA kernel. per_task, if given, gets each
+    task's mean loss over its answer tokens (batch.tasks names each sequence's task), for the log."""
     import torch.nn.functional as F
 
     hidden, features = hidden_states(model, batch, device)
@@ -108,7 +110,16 @@ def answer_loss(model, batch, device):
     selected = targets != IGNORE_INDEX
     logits = model.lm_head(hidden[:, :-1][selected]).float()
     one_hot = F.one_hot(targets[selected], num_classes=logits.shape[-1]).to(logits.dtype)
-    return -(F.log_softmax(logits, dim=-1) * one_hot).sum(dim=-1).mean(), features
+    token_loss = -(F.log_softmax(logits, dim=-1) * one_hot).sum(dim=-1)
+    if per_task is not None and batch.tasks:
+        rows = selected.nonzero()[:, 0].cpu()
+        detached = token_loss.detach().cpu()
+        for task in sorted(set(batch.tasks)):
+            in_task = [index for index, name in enumerate(batch.tasks) if name == task]
+            chosen = (rows.unsqueeze(1) == rows.new_tensor(in_task).unsqueeze(0)).any(dim=1)
+            if bool(chosen.any()):
+                per_task[task] = float(detached[chosen].mean())
+    return token_loss.mean(), features
 
 
 def first_token_accuracy(model, processor, phantoms, device, readout=None) -> dict:
@@ -218,12 +229,15 @@ def prepare_for_training(model, seed: int) -> None:
             layer.mlp.fc2.weight.zero_()
 
 
-def learning_rate(step: int, steps: int, warmup: int, peak: float) -> float:
+def learning_rate(step: int, steps: int, warmup: int, peak: float, time_progress: float = 0.0) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak. time_progress (0..1, the share of a time budget
+    spent) moves the cosine on when it is ahead of the steps, so a run with a wall-clock budget still ends annealed
+    however fast its machine is (--schedule_by_time)."""
     import math
 
     if step < warmup:
         return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
+    progress = min(max((step - warmup) / max(steps - warmup, 1), time_progress), 1.0)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))  # cosine down to a tenth
 
 
@@ -270,17 +284,27 @@ def train(args: argparse.Namespace) -> dict:
 
     started = time.perf_counter()
     configure_determinism(args.seed, args.threads, args.device)
-    tokenizer = build_tokenizer(tokenizer_corpus(), vocab_size=args.vocab_size)
+    tokenizer = build_tokenizer(tokenizer_corpus(), vocab_size=args.vocab_size, split_digits=True)
     processor = build_processor(tokenizer)
     for word in ("Yes", "No"):
         if tokenizer.convert_tokens_to_ids(word) == tokenizer.unk_token_id:
             raise RuntimeError(f"the tokenizer has no single token for {word!r}; the accuracy probe needs one")
     # Drawn before the model reaches the GPU: the pool's workers are forked from this process.
-    data = TeachingData(processor, args.seed, args.films_per_step, args.pool_films, args.variants, args.workers)
+    data = TeachingData(
+        processor,
+        args.seed,
+        args.films_per_step,
+        args.pool_films,
+        args.variants,
+        args.workers,
+        pool_pairs=args.pool_pairs,
+        pairs_per_step=args.pairs_per_step,
+    )
     logger.info(
-        "film pool: %d films x %d variants ready (%.0f s)",
+        "film pool: %d films x %d variants, %d progression pairs ready (%.0f s)",
         len(data.films),
         args.variants,
+        len(data.pairs),
         time.perf_counter() - started,
     )
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
@@ -290,6 +314,7 @@ def train(args: argparse.Namespace) -> dict:
         model.set_attn_implementation(args.attention)  # eager: plain matmul + softmax, deterministic on CUDA
     model = model.to(args.device).train()
     readout = make_readout(config.text_config.hidden_size, args.seed + 2).to(args.device)
+    box_readout = make_box_readout(config.text_config.hidden_size, args.seed + 4).to(args.device)
     vision = [p for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n]
     vision_ids = {id(p) for p in vision}
     text = [p for p in model.parameters() if id(p) not in vision_ids]
@@ -297,7 +322,7 @@ def train(args: argparse.Namespace) -> dict:
         [
             {"params": text, "peak": args.lr},
             {"params": vision, "peak": args.vision_lr},
-            {"params": list(readout.parameters()), "peak": args.readout_lr},
+            {"params": [*readout.parameters(), *box_readout.parameters()], "peak": args.readout_lr},
         ],
         lr=args.lr,
         betas=(0.9, 0.98),
@@ -308,37 +333,59 @@ def train(args: argparse.Namespace) -> dict:
     curve, probes = [], []
     window = []
     stopped_early = None
+    loop_started = time.perf_counter()
+    # The share of the training budget spent, for --schedule_by_time: the budget is what --max_train_s leaves after
+    # the pool was drawn, less SAVE_RESERVE_S for the last probe and the save.
+    budget = args.max_train_s - (loop_started - started) - SAVE_RESERVE_S if args.max_train_s else 0.0
+    if args.schedule_by_time and budget <= 0:
+        raise RuntimeError("--schedule_by_time needs a --max_train_s that leaves time after drawing the pool")
     for step in range(args.steps):
+        spent = (time.perf_counter() - loop_started) / budget if args.schedule_by_time else 0.0
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, args.steps, args.warmup, group["peak"])
+            group["lr"] = learning_rate(step, args.steps, args.warmup, group["peak"], spent)
+        if args.schedule_by_time and spent >= 1.0:
+            stopped_early = step
+            logger.warning("stopping at step %d: the time budget is spent (the schedule has annealed)", step)
+            break
         if args.max_train_s and time.perf_counter() - started > args.max_train_s:
             stopped_early = step
             logger.warning("stopping at step %d: past --max_train_s %.0f", step, args.max_train_s)
             break
         batch = data.batch(step, args.device)
-        loss, features = answer_loss(model, batch, args.device)
+        task_losses: dict[str, float] = {}
+        loss, features = answer_loss(model, batch, args.device, task_losses)
         auxiliary = aux_loss(readout, features, batch.film_labels)
+        boxes = box_loss(box_readout, features, batch.film_boxes)
         optimizer.zero_grad(set_to_none=True)
-        (loss + args.aux_weight * auxiliary).backward()
-        torch.nn.utils.clip_grad_norm_([*model.parameters(), *readout.parameters()], 1.0)
+        (loss + args.aux_weight * auxiliary + args.box_weight * boxes).backward()
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *readout.parameters(), *box_readout.parameters()], 1.0)
         optimizer.step()
-        window.append((float(loss.detach()), float(auxiliary.detach())))
+        window.append((float(loss.detach()), float(auxiliary.detach()), float(boxes.detach()), task_losses))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            tasks = sorted({task for w in window for task in w[3]})
+            task_loss = {
+                task: sum(w[3][task] for w in window if task in w[3]) / sum(1 for w in window if task in w[3])
+                for task in tasks
+            }
             curve.append(
                 {
                     "step": step + 1,
                     "loss": sum(w[0] for w in window) / len(window),
                     "aux_loss": sum(w[1] for w in window) / len(window),
+                    "box_loss": sum(w[2] for w in window) / len(window),
+                    "task_loss": task_loss,
                     "elapsed_s": round(time.perf_counter() - started, 1),
                 }
             )
             window = []
             logger.info(
-                "step %d/%d loss %.4f aux %.4f (%.0f s)",
+                "step %d/%d loss %.4f aux %.4f box %.4f tasks %s (%.0f s)",
                 step + 1,
                 args.steps,
                 curve[-1]["loss"],
                 curve[-1]["aux_loss"],
+                curve[-1]["box_loss"],
+                {task: round(value, 4) for task, value in task_loss.items()},
                 curve[-1]["elapsed_s"],
             )
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
@@ -381,6 +428,10 @@ def save(result: dict, args: argparse.Namespace, argv: list[str]) -> Path:
         "seed": args.seed,
         "training_record": RECORD_FILE,
     }
+    if args.pool_pairs and args.pairs_per_step:
+        # It was taught "Where is ...?" (every film) and "what changed?" (the pairs): the checkpoint profile reads
+        # these (engine_bundle.checkpoint_profile), so the UI offers both.
+        marker["capabilities"] = ["localisation", "longitudinal"]
     save_checkpoint(model, result["processor"], args.output, marker)
     return args.output
 
@@ -417,7 +468,13 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
         "code_commit": git_commit(),
         "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "data": {
-            "generator": "medgemma_xray.phantoms.labelled.labelled_phantom + medgemma_xray.demo_model.teaching",
+            "generator": (
+                "medgemma_xray.phantoms.labelled.labelled_phantom + phantoms.regions + phantoms.progression + "
+                "medgemma_xray.demo_model.teaching + demo_model.pointing"
+            ),
+            "pool_pairs": args.pool_pairs,
+            "pairs_per_step": args.pairs_per_step,
+            "pair_seeds": "TRAIN_SEED_BASE + seed * 1e8 + PAIR_SEED_OFFSET (5e7) + index",
             "data_seed": args.seed,
             "pool_films": args.pool_films,
             "conversation_variants": args.variants,
@@ -483,11 +540,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(what trained the committed checkpoint; its CUDA backward is not deterministic)",
     )
     parser.add_argument("--max_train_s", type=float, default=0, help="stop training past this many seconds (0: off)")
+    parser.add_argument(
+        "--schedule_by_time",
+        action="store_true",
+        help="anneal the learning rate by the share of --max_train_s spent when that is ahead of the steps, and stop "
+        "when it is spent (a one-shot run on a machine of unknown speed ends annealed; not repeatable step for step)",
+    )
     parser.add_argument("--lr", type=float, default=5e-3, help="peak learning rate of the language model")
     parser.add_argument("--vision_lr", type=float, default=5e-3, help="peak learning rate of vision + projector")
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--aux_weight", type=float, default=1.0, help="weight of the label read-out loss (0: off)")
-    parser.add_argument("--readout_lr", type=float, default=1e-2, help="peak learning rate of the label read-out")
+    parser.add_argument("--readout_lr", type=float, default=1e-2, help="peak learning rate of the read-outs")
+    parser.add_argument("--box_weight", type=float, default=1.0, help="weight of the box read-out loss (0: off)")
+    parser.add_argument("--pool_pairs", type=int, default=8, help="progression pairs, drawn once (0: no pairs)")
+    parser.add_argument("--pairs_per_step", type=int, default=2, help="progression pairs in each step's batch")
     parser.add_argument("--vocab_size", type=int, default=1024)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the record names it; results differ)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (fixed, for reproducible sums)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from medgemma_xray.phantoms.findings import (
     PhantomLabels,
     sample_labels,
 )
+
+if TYPE_CHECKING:
+    from medgemma_xray.phantoms.labelled import LabelledPhantom
 
 CHANGE_KINDS = ("grew", "shrank", "appeared", "removed", "inserted")
 PAIR_KINDS = ("effusion_grew", "effusion_shrank", "nodule_appeared", "device_removed", "device_inserted", "unchanged")
@@ -53,15 +57,15 @@ class Change:
 class ProgressionPair:
     seed: int
     kind: str  # one of PAIR_KINDS
-    prior: object  # LabelledPhantom
-    current: object  # LabelledPhantom
+    prior: LabelledPhantom
+    current: LabelledPhantom
     changes: tuple[Change, ...]
 
 
 def _effusion_side_clear(labels: PhantomLabels, side: str) -> PhantomLabels:
     """The labels with nothing a moderate or large effusion on `side` would hide or contradict there (a
     pneumothorax on that side, a nodule or consolidation in that lower lobe)."""
-    changes: dict = {}
+    changes: dict[str, Any] = {}
     if labels.pneumothorax is not None and labels.pneumothorax.side == side:
         changes["pneumothorax"] = None
     for name in ("nodule", "consolidation"):
@@ -106,14 +110,16 @@ def _labels_pair(base: PhantomLabels, kind: str, rng: np.random.Generator):
         return prior, dataclasses.replace(base, nodule=nodule), (Change("nodule_or_mass", "appeared", text),)
     if kind in ("device_removed", "device_inserted"):
         finding = str(rng.choice(list(_DEVICE_NAMES)))
+        device: EndotrachealTube | CentralLine
         if finding == "endotracheal_tube":
             device = base.endotracheal_tube or EndotrachealTube(round(float(rng.uniform(2.0, 7.0)), 1))
         else:
             device = base.central_line or CentralLine(
                 str(rng.choice(CENTRAL_LINE_ROUTES)), str(rng.choice(CENTRAL_LINE_TIPS))
             )
-        with_device = dataclasses.replace(base, **{finding: device})
-        without = dataclasses.replace(base, **{finding: None})
+        present: dict[str, Any] = {finding: device}
+        absent: dict[str, Any] = {finding: None}
+        with_device, without = dataclasses.replace(base, **present), dataclasses.replace(base, **absent)
         if kind == "device_removed":
             text = f"the {_DEVICE_NAMES[finding]} has been removed"
             return with_device, without, (Change(finding, "removed", text),)
@@ -129,15 +135,21 @@ def progression_pair(seed: int, kind: str | None = None, rows: int = 512) -> Pro
     patient (geometry seed = `seed`, width drawn from it), and the changes from the prior to the current film."""
     from medgemma_xray.phantoms.labelled import draw_film, expose
 
-    rng = np.random.default_rng([seed, 0x9A12])
-    drawn_kind = str(rng.choice(PAIR_KINDS, p=PAIR_WEIGHTS))
-    kind = drawn_kind if kind is None else kind
-    prior_labels, current_labels, changes = _labels_pair(sample_labels(seed), kind, rng)
+    kind, prior_labels, current_labels, changes = pair_labels(seed, kind)
     prior = expose(draw_film(seed, rows, None, prior_labels), prior_labels)
     drawn = draw_film(seed, rows, None, current_labels)
     # Another day, another exposure: the current film's noise and contrast come from their own stream.
     current = expose(dataclasses.replace(drawn, rng=np.random.default_rng([seed, 0xF11, 0xDA7])), current_labels)
     return ProgressionPair(seed, kind, prior, current, changes)
+
+
+def pair_labels(seed: int, kind: str | None = None):
+    """(kind, prior labels, current labels, changes) of progression_pair(seed, kind), without drawing the films."""
+    rng = np.random.default_rng([seed, 0x9A12])
+    drawn_kind = str(rng.choice(PAIR_KINDS, p=PAIR_WEIGHTS))
+    kind = drawn_kind if kind is None else kind
+    prior, current, changes = _labels_pair(sample_labels(seed), kind, rng)
+    return kind, prior, current, changes
 
 
 def pair_kind(seed: int) -> str:

@@ -96,7 +96,10 @@ def regions_of(marks, labels: PhantomLabels) -> tuple[Region, ...]:
     order = {name: index for index, name in enumerate(FINDINGS)}
     found = []
     for mark in marks:
-        box = mask_box(mark.mask, box_label(mark.finding, mark.side))
+        label = box_label(mark.finding, mark.side)
+        if mark.finding == "nodule_or_mass" and labels.nodule is not None:
+            label = f"{mark.side} {labels.nodule.kind}"  # what it is, as the report names it: "right mass"
+        box = mask_box(mark.mask, label)
         if box is not None:
             found.append(Region(mark.finding, mark.side, _zone(mark.finding, labels), box))
     return tuple(sorted(found, key=lambda r: (order[r.finding], r.side != "right")))
