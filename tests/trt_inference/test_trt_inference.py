@@ -210,3 +210,23 @@ def test_input_shape_other_than_the_bundles_is_refused_naming_its_shape(int8_bun
         TRTInference(engine_path=int8_bundle, input_shape=(1, 3, 512, 512))
     with pytest.raises(ManifestError, match="--max_batch"):
         TRTInference(engine_path=int8_bundle, input_shape=(4, 3, 896, 896))  # the bundle's max_batch is 2
+
+
+def test_a_prior_film_runs_the_vision_graph_per_film_and_matches_pytorch(fp32_bundle, torch_backend, film):
+    """Two films in one prompt (the prior first): each film's rows placed by position, as transformers places them.
+    The logits tell a misplaced or swapped film from a right one (the demo's words may not change with a prior)."""
+    from medgemma_xray.phantoms.labelled import labelled_phantom
+    from medgemma_xray.trt_inference.trt_model import TRTInference
+
+    prior = model_input_image(load_radiograph(png_bytes(quantize(labelled_phantom(43).film, 8))))
+    bundle = TRTInference(fp32_bundle)
+    assert bundle.info().checkpoint_kind == "demo checkpoint"  # the profile the build recorded
+    request = GenerationRequest(
+        film, (ChatTurn("user", "What changed since the prior film?"),), max_new_tokens=12, prior_image=prior
+    )
+    assert bundle.prompt_ids(request)[0].tolist().count(bundle.image_token_id) == 512
+    assert token_ids(bundle, request) == torch_tokens(torch_backend, request)
+    swapped = GenerationRequest(prior, request.turns, max_new_tokens=12, prior_image=film)
+    for case in (request, swapped):
+        assert np.allclose(bundle.next_token_logits(case), torch_backend.next_token_logits(case), atol=1e-3)
+    bundle.close()

@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOCALISATION = "localisation"  # answers "Where?" with boxes (MedGemma 1.5's box_2d format)
 LONGITUDINAL = "longitudinal"  # compares a prior film with the current one in one prompt
@@ -50,7 +51,7 @@ class CheckpointProfile:
     capabilities: frozenset[str]
     source: str
 
-    def as_manifest(self) -> dict:
+    def as_manifest(self) -> dict[str, Any]:
         """What an engine bundle's manifest records of it (model.profile)."""
         return {
             "repo_id": self.repo_id,
@@ -60,7 +61,7 @@ class CheckpointProfile:
         }
 
     @classmethod
-    def from_manifest(cls, entry: dict) -> CheckpointProfile:
+    def from_manifest(cls, entry: dict[str, Any]) -> CheckpointProfile:
         capabilities = frozenset(str(c) for c in entry.get("capabilities", ())) & CAPABILITIES
         return cls(
             str(entry.get("repo_id", "")), str(entry.get("kind", "")), capabilities, str(entry.get("source", ""))
@@ -119,10 +120,10 @@ def _from_folder(model_dir: Path) -> CheckpointProfile | None:
     resolved = model_dir.resolve()
     for part in (resolved.name, *(parent.name for parent in resolved.parents[:3])):
         if part.startswith("models--"):
-            repo_id = part[len("models--") :].replace("--", "/")
-            return _known(repo_id, "Hugging Face cache folder") if repo_id in KNOWN else None
-    repo_id = _repo_in(resolved.name)
-    return _known(repo_id, "folder name") if repo_id else None
+            cached = part[len("models--") :].replace("--", "/")
+            return _known(cached, "Hugging Face cache folder") if cached in KNOWN else None
+    named = _repo_in(resolved.name)
+    return _known(named, "folder name") if named else None
 
 
 def _from_readme(model_dir: Path) -> CheckpointProfile | None:

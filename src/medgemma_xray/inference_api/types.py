@@ -6,11 +6,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from medgemma_xray.engine_bundle.checkpoint_profile import (  # noqa: F401  (the capability names, re-exported)
-    CAPABILITIES,
-    LOCALISATION,
-    LONGITUDINAL,
-)
+from medgemma_xray.engine_bundle.checkpoint_profile import CAPABILITIES as CAPABILITIES
+from medgemma_xray.engine_bundle.checkpoint_profile import LOCALISATION as LOCALISATION
+from medgemma_xray.engine_bundle.checkpoint_profile import LONGITUDINAL as LONGITUDINAL
 from medgemma_xray.engine_bundle.gate import UNVERIFIED_NOTICE
 from medgemma_xray.inference_api.errors import RequestError
 

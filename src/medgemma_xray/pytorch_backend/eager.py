@@ -201,7 +201,7 @@ class TorchInference(InferenceBackend):
             self._torch.cuda.empty_cache()
 
 
-def _image_runs(ids: list[int], image_token_id: int) -> int:
+def _image_runs(ids: list[int], image_token_id: int | None) -> int:
     """How many runs of image tokens (films) `ids` holds."""
     runs, previous = 0, False
     for token in ids:

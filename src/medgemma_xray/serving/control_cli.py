@@ -42,6 +42,13 @@ def _ms(seconds: float | None) -> str:
     return "n/a" if seconds is None else f"{seconds * 1000:.3f} ms"
 
 
+def checkpoint_line(backend: dict) -> str:
+    """Which checkpoint serves and what it can do beyond describing a film (engine_bundle/checkpoint_profile)."""
+    capabilities = backend.get("capabilities") or []
+    kind = backend.get("checkpoint_kind") or "n/a"
+    return f"{kind}; " + (f"can: {', '.join(capabilities)}" if capabilities else "no localisation, no prior comparison")
+
+
 def format_status(status: dict, pid: int | None) -> str:
     backend = status.get("backend") or {}
     lines = [
@@ -54,6 +61,7 @@ def format_status(status: dict, pid: int | None) -> str:
         f"Precision: {str(backend.get('precision', 'n/a')).upper()}",
         f"Model: {backend.get('model_id', 'n/a')}"
         + (f"  [{backend.get('demo_notice') or DEMO_NOTICE}]" if backend.get("is_demo") else ""),
+        f"Checkpoint: {checkpoint_line(backend)}",
         f"Device: {backend.get('device', 'n/a')}",
     ]
     measured_on = (backend.get("details") or {}).get("accuracy_measured_on")

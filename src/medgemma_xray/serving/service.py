@@ -514,7 +514,9 @@ class InferenceService:
             "mode": str(mode) if mode else None,
             "mode_label": _label(info, mode),
             "trt_engine": trt_state,
-            "backend": {**asdict(info), "mode": str(info.mode)} if info else None,
+            "backend": {**asdict(info), "mode": str(info.mode), "capabilities": sorted(info.capabilities)}
+            if info
+            else None,
             "standby": standby,
             "uptime_s": time.time() - self.started_at,
             "last_switch": {**asdict(self.last_switch), "interruption_s": self.last_switch.interruption_s}

@@ -80,6 +80,8 @@ def badge_markdown(service: InferenceSurface) -> str:
         f"**Mode:** {info.mode_label} &nbsp; **Precision:** {info.precision.upper()} &nbsp; "
         f"**Executor:** {info.executor} &nbsp; **Device:** {info.device} &nbsp; **Model:** {info.model_id}"
     )
+    if info.checkpoint_kind and not info.is_demo:  # which MedGemma, or that it is neither (checkpoint profile)
+        text += f" ({info.checkpoint_kind})"
     gate = gate_summary((info.details or {}).get("accuracy"))
     if gate:
         text += f"\n\n{'⚠️ ' if 'LOWERED' in gate else ''}**Accuracy gate:** {gate}"

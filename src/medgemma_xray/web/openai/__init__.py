@@ -5,7 +5,7 @@
     GET  /v1/models, GET /v1/models/{id}, GET /v1/openapi.json
 
 What differs from OpenAI, on purpose: the server fetches nothing (send the film inline); one film per conversation,
-in the first user message; decoding is greedy; the request may carry conversation_id and the answer carries a
+in the first user message (two where the checkpoint compares films: the prior, then the current film); decoding is greedy; the request may carry conversation_id and the answer carries a
 `medgemma` object (protocol.py). With a login file (AUTH_FILE), the API key is "name:password" of a login user.
 Logs get the request's shape (stream, sizes, error class), never a file's name, its tags or the question's text.
 """
