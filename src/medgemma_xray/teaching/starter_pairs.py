@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from medgemma_xray.teaching.prior_case import CaseChange
 
@@ -46,11 +46,10 @@ def _film_bytes(film, seed: int, rows: int) -> tuple[str, bytes]:
 
 def write_pair_films(folder: Path, seed: int) -> WrittenPair:
     """The pair of this seed's films written into `folder`; what its sidecar needs."""
-    from medgemma_xray.phantoms.labelled import LabelledPhantom
     from medgemma_xray.phantoms.progression import progression_pair
 
     pair = progression_pair(seed)
-    current, prior = cast(LabelledPhantom, pair.current), cast(LabelledPhantom, pair.prior)
+    current, prior = pair.current, pair.prior
     rows = current.film.shape[0]
     stem = f"phantom_pair_{seed:06d}"
     suffix, current_bytes = _film_bytes(current.film, seed, rows)
