@@ -32,6 +32,10 @@ if ${dev} && ! command -v pdftoppm >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
   echo "installing poppler-utils (pdftoppm, pdftotext) to check the teaching handout PDF"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq poppler-utils >/dev/null; } || echo "warning: poppler-utils not installed" >&2
 fi
+if ${dev} && ! command -v dciodvfy >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
+  echo "installing dicom3tools (dciodvfy) to validate the teaching page's DICOM SR exports"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dicom3tools >/dev/null; } || echo "warning: dicom3tools not installed" >&2
+fi
 if ${dev} && ! command -v systemd-analyze >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
   echo "installing systemd's tools to verify the generated unit"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null || echo "warning: systemd not installed" >&2

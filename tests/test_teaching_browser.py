@@ -616,3 +616,165 @@ def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, tmp_path_facto
         server.stop()
     assert completed == 0, "a report ran to its end although Stop was pressed"
     assert "Model score" not in score, f"a stopped report was scored: {score!r}"
+
+
+# --- pointing (web.teaching_marks) ------------------------------------------------------------------------------------
+def _colour_count(pixels: np.ndarray, colour: tuple[int, int, int]) -> int:
+    return int((pixels == np.array(colour, dtype=pixels.dtype)).all(axis=-1).sum())
+
+
+def _view_rgb(page) -> np.ndarray:
+    from PIL import Image
+
+    body = page.request.get(page.get_attribute("#teach-view img", "src")).body()
+    return np.asarray(Image.open(io.BytesIO(body)).convert("RGB"), dtype=np.int16)
+
+
+def _checkpoint_localises(model_dir: Path) -> bool:
+    import json
+
+    profile = json.loads((model_dir / "demo_checkpoint.json").read_text())
+    return "localisation" in profile.get("capabilities", [])
+
+
+@pytest.fixture(scope="module")
+def pointing_server(tmp_path_factory, demo_model_dir, library_folder):
+    """The demo checkpoint, its marker declaring that it localises (the retrained demo declares it itself), so the
+    page asks the model Where?: it answers with boxes, or the page says it did not locate the finding."""
+    import json
+
+    folder = tmp_path_factory.mktemp("localising-demo")
+    for item in demo_model_dir.iterdir():
+        if item.name != "demo_checkpoint.json":
+            (folder / item.name).symlink_to(item.resolve())
+    marker = json.loads((demo_model_dir / "demo_checkpoint.json").read_text())
+    marker["capabilities"] = sorted({*marker.get("capabilities", []), "localisation"})
+    (folder / "demo_checkpoint.json").write_text(json.dumps(marker))
+    env = {"CASE_LIBRARY": str(library_folder), "MODEL_PATH": str(folder)}
+    server = start_server(tmp_path_factory.mktemp("pointing-logs"), env=env)
+    yield server
+    server.stop()
+
+
+def test_where_is_off_with_the_reason_when_the_checkpoint_does_not_localise(
+    browser, teaching_server, library_folder, demo_model_dir
+):
+    page = _open_page(browser, teaching_server.url)
+    _open_case(page, load_library(library_folder).cases[0].title)
+    disabled, note = page.locator("#teach-where").is_disabled(), page.inner_text("#teach-where-note")
+    page.close()
+    if _checkpoint_localises(demo_model_dir):
+        assert not disabled and note == "", note
+    else:
+        assert disabled and "does not localise findings" in note and "MedGemma 1.5" in note, note
+
+
+AXE_SCOPE = ["#teach-tools", "#teach-overlays", "#teach-legend", "#teach-where-note", "#teach-mark-score"]
+
+
+def _axe_on(page, selectors: list[str]) -> list[dict]:
+    try:
+        import axe_playwright_python as axe  # ships axe-core's axe.min.js (pinned in constraints.txt)
+    except ImportError:
+        pytest.fail("axe-core is not installed; run scripts/setup_env.sh --dev (the dev extra)")
+    page.add_script_tag(content=(Path(axe.__file__).parent / "axe.min.js").read_text())
+    result = page.evaluate(
+        "async (s) => await axe.run({include: s.map((x) => [x])}, {resultTypes: ['violations']})", selectors
+    )
+    return [
+        {"id": v["id"], "impact": v["impact"], "targets": [node["target"] for node in v["nodes"]][:5]}
+        for v in result["violations"]
+        if v["impact"] in ("critical", "serious")
+    ]
+
+
+def test_a_box_drawn_then_reveal_shows_the_overlays_and_the_pointing_score(browser, pointing_server, library_folder):
+    """The student boxes the key's pleural effusion with the Mark tool (two clicks) before Reveal; after it the key
+    region (sky blue) joins the student's box (orange) on the film, each switchable, and the pointing score shows
+    the effusion scored on presence, side, zone and overlap with the tolerances. The model is asked Where? for each
+    of the key's findings: its boxes are drawn, or the page says it did not locate one; Where? on a picked finding
+    after the reveal answers the same way."""
+    import pydicom
+
+    from medgemma_xray.phantoms.regions import finding_regions
+    from medgemma_xray.teaching.mark_scoring import score_marks, summary
+    from medgemma_xray.teaching.marks import Mark
+    from medgemma_xray.teaching.overlays import COLOURS
+
+    cases = load_library(library_folder).cases
+    case = next(c for c in cases if c.key.present("pleural_effusion") and c.film_path.suffix == ".dcm")
+    dataset = pydicom.dcmread(case.film_path, stop_before_pixels=True)
+    shape = (int(dataset.Rows), int(dataset.Columns))
+    region = next(r for r in finding_regions(case.key, *shape) if r.finding == "pleural_effusion")
+    page = _open_page(browser, pointing_server.url)
+    _open_case(page, case.title)
+    assert not page.locator("#teach-where").is_disabled()
+    _press(page, "k")
+    page.wait_for_selector("#teach-measure :text('Mark:')", timeout=30_000)
+    _choose(page, "teach-mark-finding", "pleural effusion")
+    before = _view_rgb(page)
+    # Two opposite corners of the key's box, a little inside it (film pixels, row then column).
+    top_left = (region.box.y0 * shape[0] + 2, region.box.x0 * shape[1] + 2)
+    bottom_right = (region.box.y1 * shape[0] - 2, region.box.x1 * shape[1] - 2)
+    _click_and_wait(page, _screen_point(page, *top_left, shape), "First corner placed")
+    page.mouse.click(*_screen_point(page, *bottom_right, shape))
+    page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Your marks')")
+    page.wait_for_selector("#teach-mark-list :text('1. pleural effusion: box')", timeout=30_000)
+    # A second mark, a point, listed and then removed: the list and the film keep only the box.
+    page.locator("#teach-mark-shape").get_by_label("Point").check()
+    page.mouse.click(*_screen_point(page, shape[0] * 0.2, shape[1] * 0.5, shape))
+    page.wait_for_selector("#teach-mark-list :text('2. pleural effusion: point')", timeout=30_000)
+    page.locator("#teach-mark-list label", has_text="2. pleural effusion").click()
+    page.click("#teach-mark-remove")
+    page.wait_for_function(
+        "() => !document.querySelector('#teach-mark-list').innerText.includes('2. pleural')", timeout=30_000
+    )
+    marked = _view_rgb(page)
+    assert _colour_count(before, COLOURS["student"]) == 0 and _colour_count(marked, COLOURS["student"]) > 100
+    assert _colour_count(marked, COLOURS["key"]) == 0, "the key's region showed before the reveal"
+
+    page.click("#teach-reveal")
+    page.wait_for_selector("#teach-mark-score :text('Pointing score')", timeout=300_000)
+    asked_all = "() => !document.querySelector('#teach-where-note').innerText.includes('Asking the model')"
+    page.wait_for_function(asked_all, timeout=300_000)  # Where? for each of the key's findings
+    page.wait_for_function("() => document.querySelector('#teach-legend').innerText.includes('Key region')")
+    revealed = _view_rgb(page)
+    score_text = page.inner_text("#teach-mark-score")
+    legend = page.inner_text("#teach-legend")
+    page.screenshot(path=str(ARTIFACTS / "teaching_pointing_revealed.png"), full_page=True)
+    page.locator("#teach-view").screenshot(path=str(ARTIFACTS / "teaching_pointing_view.png"))
+    violations = _axe_on(page, AXE_SCOPE)
+
+    before_toggle = page.get_attribute("#teach-view img", "src")
+    page.locator("#teach-overlays").get_by_label("Key region").uncheck()
+    _wait_new_view(page, before_toggle)
+    without_key = _view_rgb(page)
+    note = page.inner_text("#teach-where-note")
+    _choose(page, "teach-mark-finding", "nodule or mass")  # the key's other finding, asked by the button
+    page.click("#teach-where")
+    page.wait_for_selector("#teach-where-note :text('Asking the model where the nodule or mass is')", timeout=60_000)
+    page.wait_for_function(asked_all, timeout=300_000)
+    where_note, where_legend = page.inner_text("#teach-where-note"), page.inner_text("#teach-legend")
+    page.close()
+
+    assert _colour_count(revealed, COLOURS["key"]) > 100 and _colour_count(revealed, COLOURS["student"]) > 100
+    assert _colour_count(without_key, COLOURS["key"]) == 0 and _colour_count(without_key, COLOURS["student"]) > 100
+    # The page's score is the one the marks drawn give (the clicks land within a view pixel of the corners).
+    drawn = Mark.box(
+        "pleural_effusion",
+        ((top_left[0] + 0.5) / shape[0], (top_left[1] + 0.5) / shape[1]),
+        ((bottom_right[0] + 0.5) / shape[0], (bottom_right[1] + 0.5) / shape[1]),
+    )
+    expected = score_marks([drawn], case.key, finding_regions(case.key, *shape))
+    assert f"you {summary(expected)}" in score_text, (summary(expected), score_text)
+    effusion = next(s for s in expected if s.finding == "pleural_effusion")
+    shown_iou = float(re.search(r"hit \(IoU ([\d.]+)\)", score_text).group(1))
+    best = max(float(v) for v in re.findall(r"IoU ([\d.]+)", effusion.overlap.marked))
+    assert effusion.presence.right and abs(shown_iou - best) <= 0.03, (shown_iou, effusion)
+    assert "overlap" in score_text and "hit (IoU" in score_text and "IoU >= 0.3" in score_text, score_text
+    assert "Model's boxes" in legend or "did not locate the pleural effusion" in note, (legend, note)
+    assert "not asked" not in score_text and "the model " in score_text, score_text
+    assert "box for the nodule or mass" in where_note or "did not locate the nodule or mass" in where_note, where_note
+    if "box for the nodule or mass" in where_note:
+        assert "Model's boxes" in where_legend, where_legend
+    assert violations == [], violations

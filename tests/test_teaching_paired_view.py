@@ -84,3 +84,24 @@ def test_a_big_pair_costs_a_session_its_two_overviews_only():
 
     prior = PriorView(big, None, None, "")
     assert max(big.overview.shape) == OVERVIEW_MAX_PX and prior.nbytes == big.nbytes < 5 << 20
+
+
+def test_overlays_go_on_the_current_half_and_a_mark_lands_on_the_current_film_from_either_half():
+    state = ViewState.initial(CURRENT)
+    placed = paired_view.layout(PRIOR, CURRENT, state)
+
+    def red(picture, crop):
+        assert crop == placed.current
+        return np.stack([np.full_like(picture, 255), picture, picture], axis=2)
+
+    picture, _ = paired_view.render_pair(PRIOR, CURRENT, state, "", decorate_current=red)
+    left, right = _halves(picture, placed)
+    assert (right[..., 0] == 255).all() and not (left[..., 0] == 255).all()
+    on_prior = paired_view.current_film_point(
+        PRIOR, CURRENT, state, placed.prior.out_cols / 2, placed.prior.out_rows / 2
+    )
+    on_current = paired_view.current_film_point(
+        PRIOR, CURRENT, state, placed.current_left + placed.current.out_cols / 2, placed.current.out_rows / 2
+    )
+    assert np.allclose(on_prior, on_current, atol=1.0)
+    assert paired_view.current_film_point(PRIOR, CURRENT, state, placed.prior.out_cols + 2, 10) is None  # the gap

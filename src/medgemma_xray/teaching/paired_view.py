@@ -10,6 +10,7 @@ at the same fractions. A click on either half acts as the same click on the curr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -76,13 +77,17 @@ def render_pair(
     full_prior: np.ndarray | None = None,
     full_current: np.ndarray | None = None,
     view_max: int = viewer.VIEW_MAX_PX,
+    decorate_current: Callable[[np.ndarray, Crop], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, PairLayout]:
     """The two films side by side under one view state, with their labels; uint8, grey (rows, cols) or RGB
-    (rows, cols, 3) when the tool has marks."""
+    (rows, cols, 3) when the tool has marks. decorate_current: drawn on the current film's half (the pointing
+    overlays: the student marks the current film), given its picture and crop."""
     from PIL import Image
 
     left, _ = viewer.render_view(prior, prior_state(prior, current, state), view_max, full=full_prior)
-    right, _ = viewer.render_view(current, state, view_max, full=full_current)
+    right, right_crop = viewer.render_view(current, state, view_max, full=full_current)
+    if decorate_current is not None:
+        right = decorate_current(right, right_crop)
     placed = layout(prior, current, state, view_max)
     rgb = left.ndim == 3 or right.ndim == 3
     films = max(left.shape[0], right.shape[0])
@@ -103,6 +108,30 @@ def render_pair(
     return np.asarray(picture), placed
 
 
+def current_film_point(
+    prior: DisplayFilm,
+    current: DisplayFilm,
+    state: ViewState,
+    view_x: float,
+    view_y: float,
+    view_max: int = viewer.VIEW_MAX_PX,
+) -> tuple[float, float] | None:
+    """The current film's (row, col) under a click on the composed picture (on the prior: the same fractions of
+    the current film); None on the label band or the gap."""
+    placed = layout(prior, current, state, view_max)
+    y = view_y - placed.top
+    if view_x < placed.prior.out_cols:
+        if y >= placed.prior.out_rows:
+            return None
+        row, col = placed.prior.to_film(view_x, y)
+        (p_rows, p_cols), (c_rows, c_cols) = prior.shape, current.shape
+        return (row + 0.5) * c_rows / p_rows - 0.5, (col + 0.5) * c_cols / p_cols - 0.5
+    x = view_x - placed.current_left
+    if x < 0 or y >= placed.current.out_rows:
+        return None
+    return placed.current.to_film(x, y)
+
+
 def click(
     prior: DisplayFilm,
     current: DisplayFilm,
@@ -113,17 +142,8 @@ def click(
 ) -> ViewState:
     """A click on the composed picture: on either film it is the same click on the current film (pan, ruler,
     calliper, probe); on the band or the gap it changes nothing."""
-    placed = layout(prior, current, state, view_max)
-    y = view_y - placed.top
-    if view_x < placed.prior.out_cols:
-        if y >= placed.prior.out_rows:
-            return state
-        row, col = placed.prior.to_film(view_x, y)
-        (p_rows, p_cols), (c_rows, c_cols) = prior.shape, current.shape
-        row, col = (row + 0.5) * c_rows / p_rows - 0.5, (col + 0.5) * c_cols / p_cols - 0.5
-        x_on_current, y_on_current = placed.current.to_view(row, col)
-        return viewer.click(current, state, x_on_current, y_on_current, view_max)
-    x = view_x - placed.current_left
-    if x < 0 or y >= placed.current.out_rows:
+    point = current_film_point(prior, current, state, view_x, view_y, view_max)
+    if point is None:
         return state
-    return viewer.click(current, state, x, y, view_max)
+    x_on_current, y_on_current = viewer.view_crop(current.shape, state, view_max).to_view(*point)
+    return viewer.click(current, state, x_on_current, y_on_current, view_max)

@@ -14,6 +14,7 @@ from pathlib import Path
 from medgemma_xray.intake import IntakeFilm
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.library import LibraryCase, shuffled
+from medgemma_xray.teaching.marks import Pointing
 from medgemma_xray.teaching.prior_round import PriorView
 from medgemma_xray.teaching.session_export import CaseRecord
 from medgemma_xray.teaching.viewer import DisplayFilm, ViewState
@@ -45,6 +46,13 @@ class Round:
     conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     prior: PriorView | None = None  # an earlier film of the same patient, shown beside this one
     change_read: dict[str, str] | None = None  # the student's "what changed" read, committed at the reveal
+    pointing: Pointing = field(default_factory=Pointing)  # the student's marks and the model's boxes
+
+    def key_regions(self):
+        """Where the key puts its findings on this film (teaching.pointing), or None where it does not say."""
+        from medgemma_xray.teaching.pointing import key_regions
+
+        return key_regions(self.key, self.display.shape)
 
     def record(self) -> CaseRecord:
         from medgemma_xray.teaching.viewer import thumbnail_png
@@ -64,6 +72,8 @@ class Round:
             change_key=self.prior.change_key if self.prior is not None else None,
             change_read=self.change_read,
             change_statement=self.prior.statement if self.prior is not None else "",
+            pointing=self.pointing,
+            regions=self.pointing.key_regions,
         )
 
 

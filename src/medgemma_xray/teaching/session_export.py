@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.change_export import CHANGE_COLUMNS, change_cells, change_flowables
+from medgemma_xray.teaching.marks import Pointing
 from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, mark_text, score_read, shown
 
 REMOVED = "[removed]"
@@ -27,6 +28,8 @@ REMOVED = "[removed]"
 # column each, so a spreadsheet can sort and count them), then the free text.
 CSV_LEAD = ("date", "student", "case", "title", "history", "student_score", "model_score", "asked_before_reveal")
 CSV_TAIL = ("student_notes", "questions_and_answers")
+# Pointing (teaching.pointing_report): the marks exactly (film fractions), and each reader's per-finding score.
+POINTING_COLUMNS = ("student_marks", "model_boxes", "student_pointing_score", "model_pointing_score")
 
 
 def field_columns() -> tuple[str, ...]:
@@ -35,7 +38,7 @@ def field_columns() -> tuple[str, ...]:
 
 
 def csv_columns() -> tuple[str, ...]:
-    return (*CSV_LEAD, *field_columns(), *CHANGE_COLUMNS, *CSV_TAIL)
+    return (*CSV_LEAD, *field_columns(), *POINTING_COLUMNS, *CHANGE_COLUMNS, *CSV_TAIL)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class CaseRecord:
     teaching_points: tuple[str, ...] = field(default=())
     asked_before_reveal: int = 0  # questions asked before the reveal (quiz off, or a teacher allowed it)
     thumbnail: bytes = b""  # a small PNG of the film at its own window, for the handout
+    pointing: Pointing = field(default_factory=Pointing)  # the student's marks and the model's boxes
+    regions: tuple | None = None  # the key's regions (phantoms.regions.Region); None: the key says not where
     change_key: dict[str, str] | None = None  # a case with a prior: the pair's changes (finding -> kind)
     change_read: dict[str, str] | None = None  # the student's "what changed" read
     change_statement: str = ""  # the model's answer to "what changed?"
@@ -67,6 +72,16 @@ class CaseRecord:
     @property
     def model_score(self) -> Score | None:
         return score_read(self.model_read, self.key) if self.key is not None and self.model_read is not None else None
+
+    @property
+    def pointing_scores(self):
+        """The marks scored per finding (teaching.pointing_report); None without a key or without any mark."""
+        from medgemma_xray.teaching.pointing_report import score_pointing
+
+        pointing = self.pointing
+        if self.key is None or not (pointing.marks or pointing.model or pointing.model_asked):
+            return None
+        return score_pointing(pointing, self.key, pointing.model_asked)
 
 
 @dataclass(frozen=True)
@@ -153,12 +168,25 @@ def csv_rows(
             "model_score": _score_text(record.model_score) if record.key is not None else "(no key)",
             "asked_before_reveal": str(record.asked_before_reveal),
             **_field_cells(record),
+            **_pointing_cells(record),
             **change_cells(record.change_key, record.change_read, record.change_statement),
             "student_notes": record.student_notes,
             "questions_and_answers": " || ".join(f"Q: {q} A: {a}" for q, a in record.questions),
         }
         rows.append({key: text_cell(scrub(value, forbidden)) for key, value in row.items()})
     return rows
+
+
+def _pointing_cells(record: CaseRecord) -> dict[str, str]:
+    from medgemma_xray.teaching.pointing_report import marks_cell, model_marks
+
+    scores = record.pointing_scores
+    return {
+        "student_marks": marks_cell(record.pointing.marks),
+        "model_boxes": marks_cell(model_marks(record.pointing)),
+        "student_pointing_score": scores.student_summary() if scores is not None else "",
+        "model_pointing_score": scores.model_summary() if scores is not None else "",
+    }
 
 
 def session_csv(records: list[CaseRecord], forbidden: Iterable[str] = (), info: SessionInfo | None = None) -> str:
@@ -190,6 +218,40 @@ def _marks_table(record: CaseRecord, para, mm, colors):
         )
     )
     return table
+
+
+def _pointing_section(record: CaseRecord, para, mm, colors) -> list:
+    """The marks (exact fractions) and, with a key, the per-finding pointing table (finding, criterion, key,
+    student, model) and the tolerances it was scored with."""
+    from reportlab.platypus import Spacer, Table, TableStyle
+
+    from medgemma_xray.teaching.mark_scoring import TOLERANCES_TEXT
+    from medgemma_xray.teaching.pointing_report import marks_cell, model_marks
+
+    pointing = record.pointing
+    story: list = []
+    if pointing.marks:
+        story.append(para(f"Student's marks: {marks_cell(pointing.marks)}"))
+    if pointing.model:
+        story.append(para(f"Model's boxes: {marks_cell(model_marks(pointing)) or 'none located'}"))
+    scores = record.pointing_scores
+    if scores is None:
+        return story
+    rows = [[para(h) for h in ("Finding", "Criterion", "Key", "Student", "Model")]]
+    rows += [[para(cell) for cell in row] for row in scores.rows()]
+    table = Table(rows, colWidths=[32 * mm, 20 * mm, 38 * mm, 40 * mm, 40 * mm], repeatRows=1)
+    table.setStyle(
+        TableStyle(
+            [
+                ("FONTSIZE", (0, 0), (-1, -1), 8),
+                ("BACKGROUND", (0, 0), (-1, 0), colors.lightgrey),
+                ("GRID", (0, 0), (-1, -1), 0.25, colors.grey),
+                ("VALIGN", (0, 0), (-1, -1), "TOP"),
+            ]
+        )
+    )
+    summary = f"Pointing: student {scores.student_summary()}; model {scores.model_summary()}."
+    return [*story, Spacer(1, 2 * mm), para(summary), table, para(TOLERANCES_TEXT)]
 
 
 def _case_head(record: CaseRecord, number: int, para, styles, mm):
@@ -256,6 +318,7 @@ def session_pdf(
         if record.key is not None:
             block += [Spacer(1, 2 * mm), _marks_table(record, para, mm, colors)]
         story.append(KeepTogether(block))
+        story += _pointing_section(record, para, mm, colors)
         story += change_flowables(record.change_key, record.change_read, record.change_statement, para, mm, colors)
         if record.student_notes:
             story.append(para(f"Student's notes: {record.student_notes}"))

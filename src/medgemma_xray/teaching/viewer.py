@@ -30,7 +30,7 @@ PRESET_PERCENTILES: dict[str, tuple[float, float]] = {
     "bone": (20.0, 99.9),
 }
 PRESETS = tuple(PRESET_PERCENTILES)
-TOOLS = ("ruler", "ctr", "pan", "probe")
+TOOLS = ("ruler", "ctr", "pan", "probe", "mark")  # mark: the student points (web.teaching_marks)
 CTR_POINTS = ("heart: right border", "heart: left border", "thorax: right inner margin", "thorax: left inner margin")
 
 
@@ -296,6 +296,10 @@ def measurement_text(film: DisplayFilm, state: ViewState, full: np.ndarray | Non
     """What the current tool has measured, in words (Markdown). full: the film's full-resolution values, read by
     the probe (else it reads the overview)."""
     points = state.points
+    if state.tool == "mark":
+        return "Mark: pick the finding and point or box, then click the film (a box: two opposite corners)." + (
+            " First corner placed: click the opposite corner." if points else ""
+        )
     if state.tool == "pan":
         return "Pan: click where the view should centre."
     if state.tool == "probe":

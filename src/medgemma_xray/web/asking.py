@@ -201,6 +201,17 @@ class Asking:
         self.check_prior(request.prior_image is not None)
         self._check_length(request)
 
+    def check_template(self, request: GenerationRequest, typed: str) -> None:
+        """A door's own prompt around a few words the user typed (the localisation prompt around a finding's
+        name): the typed words keep every rule of a question; the whole prompt, which the server wrote and may be
+        longer than MAX_PROMPT_TOKENS allows one question, must fit the sequence with its answer."""
+        from dataclasses import replace
+
+        from medgemma_xray.inference_api.types import ChatTurn
+
+        check_turns(replace(request, turns=(ChatTurn("user", typed),)), self.limits)
+        self._check_length(request)
+
     def check_prior(self, has_prior: bool) -> None:
         """A prior film only where the serving checkpoint compares films (a door may call this before it reads
         any film). Raises PriorUnsupported."""

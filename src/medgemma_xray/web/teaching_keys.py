@@ -26,12 +26,13 @@ KEYS: dict[str, tuple[str, str]] = {
     "c": ("CTR calliper", "#teach-tool input[value='ctr']"),
     "m": ("Pan (move)", "#teach-tool input[value='pan']"),
     "v": ("Pixel probe (value)", "#teach-tool input[value='probe']"),
+    "k": ("Mark a finding (point or box)", "#teach-tool input[value='mark']"),
     "p": ("Projector layout: film and chat only", "#teach-projector"),
     "?": ("This list of keys", "#teach-keys"),
     "h": ("This list of keys", "#teach-keys"),
 }
 MOUSE = (
-    ("Left click", "the current tool: ruler, calliper, pan or probe"),
+    ("Left click", "the current tool: ruler, calliper, pan, probe or mark"),
     ("Right or middle drag", "window and level: left-right the width, up-down the level"),
     ("Level, Width + Enter", "apply a typed window"),
     ("Esc", "close this list"),

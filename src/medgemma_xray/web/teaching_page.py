@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round, round_of, upload_names
-from medgemma_xray.web import teaching_answers, teaching_compare, teaching_exports, teaching_practice, teaching_view
+from medgemma_xray.web import (
+    teaching_answers,
+    teaching_compare,
+    teaching_exports,
+    teaching_marks,
+    teaching_practice,
+    teaching_view,
+)
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_style import page_style
@@ -65,7 +72,7 @@ EVENTS = PageEvents()
 OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
 SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
          "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM,
-         *teaching_compare.PRIOR_CONTROLS, "change_box"]  # fmt: skip
+         *teaching_marks.NEW_CASE_OUT, "marks_sr", *teaching_compare.PRIOR_CONTROLS, "change_box"]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -125,6 +132,8 @@ def show_case(page: TeachingPage, values: dict) -> dict:
         "report_sr": hidden_update(),
         **read_form(interactive=True, reset=True),  # a new case starts a fresh read
         **question_controls(questions_locked(page, bool(values.get("quiz", True)), round_)),
+        **teaching_marks.new_case_outputs(page, round_),
+        "marks_sr": hidden_update(),
         **teaching_compare.prior_controls(page, round_),  # the prior's controls (a case with a prior film)
         "change_box": "",
     }
@@ -328,6 +337,7 @@ def add_teaching_page(
                     alt_text=VIEW_ALT,
                     buttons=["fullscreen"],  # no "share" (Spaces only), no download of a view file
                 )
+                _pointing_view_controls(ui)
             with gr.Column(scale=2):
                 ui["model_view"] = gr.Image(
                     label="What the model sees (padded to square, 896 px)",
@@ -360,6 +370,7 @@ def add_teaching_page(
                           elem_id="teach-change-read") as ui["change_group"]:  # fmt: skip
             _change_form(ui)
         ui["reveal_button"] = gr.Button("Reveal", variant="primary", elem_id="teach-reveal")
+        ui["mark_score"] = gr.Markdown(elem_id="teach-mark-score", elem_classes="teach-after")
         with gr.Row(elem_classes="teach-after"):
             ui["student_score"] = gr.Markdown(elem_id="teach-student-score")
             ui["model_score"] = gr.Markdown(elem_id="teach-model-score")
@@ -381,6 +392,9 @@ def add_teaching_page(
             with gr.Row():
                 ui["report_md"] = gr.DownloadButton("Report (Markdown)", visible=False, elem_id="teach-report-md")
                 ui["report_sr"] = gr.DownloadButton("Report (DICOM SR)", visible=False, elem_id="teach-report-sr")
+            with gr.Row():
+                ui["marks_sr_button"] = gr.Button("Marks as DICOM SR (TID 1500)", elem_id="teach-marks-sr-make")
+                ui["marks_sr"] = gr.DownloadButton("Marks (DICOM SR)", visible=False, elem_id="teach-marks-sr")
         ui["export_button"] = gr.Button(
             "Export the session (CSV and PDF)", elem_id="teach-export", elem_classes="teach-after"
         )
@@ -389,7 +403,7 @@ def add_teaching_page(
             ui["session_pdf"] = gr.DownloadButton("Session handout (PDF)", visible=False, elem_id="teach-pdf")
         concurrency = {"generation": settings.generation_concurrency}
         for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS,
-                       teaching_compare.EVENTS, teaching_practice.EVENTS):  # fmt: skip
+                       teaching_marks.EVENTS, teaching_compare.EVENTS, teaching_practice.EVENTS):  # fmt: skip
             events.wire(ui, page, concurrency=concurrency)
 
 
@@ -414,13 +428,50 @@ def _viewer_tools(ui: dict[str, Any]) -> None:
     ui["width"] = gr.Number(label="Width (Enter applies)", elem_id="teach-width")
     ui["apply_window"] = gr.Button("Apply the window", elem_id="teach-apply-window", elem_classes="teach-hidden")
     ui["tool"] = gr.Radio(
-        [("Ruler (L)", "ruler"), ("CTR calliper (C)", "ctr"), ("Pan (M)", "pan"), ("Probe (V)", "probe")],
+        [
+            ("Ruler (L)", "ruler"),
+            ("CTR calliper (C)", "ctr"),
+            ("Pan (M)", "pan"),
+            ("Probe (V)", "probe"),
+            ("Mark (K)", "mark"),
+        ],  # fmt: skip
         value="ruler",
         label="Tool",
         elem_id="teach-tool",
     )
     ui["measure"] = gr.Markdown(elem_id="teach-measure")
     ui["keys_button"] = gr.Button("Keys (?)", elem_id="teach-keys", size="sm")
+    _pointing_tools(ui)
+
+
+def _pointing_tools(ui: dict[str, Any]) -> None:
+    """The Mark tool's finding and shape, the student's marks (each removable until Reveal) and Where?."""
+    import gradio as gr
+
+    ui["mark_finding"] = gr.Dropdown(
+        teaching_marks.mark_choices(), value=None, allow_custom_value=True, label="Finding (pick or type)",
+        elem_id="teach-mark-finding",
+    )  # fmt: skip
+    ui["mark_shape"] = gr.Radio(
+        [("Point", "point"), ("Box (2 corners)", "box")], value="box", label="Mark as", elem_id="teach-mark-shape"
+    )
+    ui["mark_list"] = gr.Radio([], label="Your marks (pick one to remove it)", elem_id="teach-mark-list")
+    ui["mark_remove"] = gr.Button("Remove the mark", elem_id="teach-mark-remove", size="sm")
+    ui["where_button"] = gr.Button("Where? (the model points)", elem_id="teach-where", size="sm")
+    ui["where_asked"] = gr.Textbox(visible=False, elem_id="teach-where-asked")
+
+
+def _pointing_view_controls(ui: dict[str, Any]) -> None:
+    """Under the film: which overlays show, their legend in words, and what the model's Where? found."""
+    import gradio as gr
+
+    from medgemma_xray.teaching.marks import LAYERS
+
+    ui["overlay_toggle"] = gr.CheckboxGroup(
+        teaching_marks.overlay_choices(), value=list(LAYERS), label="Show on the film", elem_id="teach-overlays"
+    )
+    ui["overlay_legend"] = gr.Markdown(elem_id="teach-legend")
+    ui["where_note"] = gr.Markdown(elem_id="teach-where-note")
 
 
 def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:

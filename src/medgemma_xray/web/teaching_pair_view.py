@@ -19,7 +19,9 @@ def _full(page: TeachingPage, key: str, wanted: bool):
     return values.values if values is not None else None
 
 
-def paired_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
+def paired_outputs(page: TeachingPage, round_: Round, layers: Any = ()) -> dict[str, Any]:
+    """The view's outputs for a case with a prior; layers (teaching.pointing.layers_of) are drawn on the current
+    film's half."""
     from medgemma_xray.teaching import paired_view, viewer
 
     prior = round_.prior
@@ -30,10 +32,18 @@ def paired_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     full_prior = _full(page, prior.display.key, prior_zoomed)
     full_current = _full(page, current.key, current_zoomed or view.tool == "probe")
     key = ("pair", prior.display.key, prior.interval, current.key, view.centre, view.width, view.invert, view.zoom,
-           view.focus, view.tool, view.points)  # fmt: skip
+           view.focus, view.tool, view.points, layers)  # fmt: skip
+
+    def decorate(picture, crop):
+        from medgemma_xray.teaching.overlays import draw_layers
+
+        return draw_layers(picture, crop, current.shape, layers)
 
     def render():
-        return paired_view.render_pair(prior.display, current, view, prior.interval, full_prior, full_current)[0]
+        return paired_view.render_pair(
+            prior.display, current, view, prior.interval, full_prior, full_current,
+            decorate_current=decorate if layers else None,
+        )[0]  # fmt: skip
 
     picture = (
         page.view_files.cached(key, render) if current.key and prior.display.key else page.view_files.write(render())

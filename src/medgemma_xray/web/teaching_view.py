@@ -21,19 +21,27 @@ VIEW_OUT = ["view", "centre", "width", "measure"]
 
 def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     from medgemma_xray.teaching import viewer
+    from medgemma_xray.teaching.pointing import layers_of
 
+    layers = layers_of(round_.pointing)  # the key's regions, the student's marks, the model's boxes
     if round_.prior is not None:  # the prior beside the film, linked (web.teaching_pair_view)
         from medgemma_xray.web.teaching_pair_view import paired_outputs
 
-        return paired_outputs(page, round_)
+        return paired_outputs(page, round_, layers)
     display, view = round_.display, round_.view
     full = None
     zoomed = viewer.needs_full(display, view)
     if zoomed or view.tool == "probe":
         values = page.intake.values(display.key)
         full = values.values if values is not None else None
-    key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points)
-    render = lambda: viewer.render_view(display, view, full=full)[0]  # noqa: E731 (rendered only on a miss)
+    key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points, layers)
+
+    def render():  # only on a miss
+        from medgemma_xray.teaching.overlays import draw_layers
+
+        picture, crop = viewer.render_view(display, view, full=full)
+        return draw_layers(picture, crop, display.shape, layers) if layers else picture
+
     picture = page.view_files.cached(key, render) if display.key else page.view_files.write(render())
     measure = viewer.measurement_text(display, view, full)
     if full is None and zoomed:
@@ -128,7 +136,11 @@ def set_tool(page: TeachingPage, values: dict) -> dict:
 @EVENTS.on(["view.select"], inputs=["session"], outputs=[*VIEW_OUT, "session"], event=True)
 def clicked(page: TeachingPage, values: dict, event) -> dict:
     from medgemma_xray.teaching import paired_view, viewer
+    from medgemma_xray.web.teaching_context import session_of
 
+    held = session_of(values).value.current
+    if held is not None and held.view.tool == "mark":
+        return {}  # the mark tool's click is web.teaching_marks.mark_clicked's
     x, y = event.index
 
     def clicked_on(r: Round):
