@@ -118,6 +118,6 @@ def test_two_films_tokenise_as_the_processor_does_and_a_pair_batch_places_them_i
 
 
 def test_box_coordinates_are_written_digit_by_digit(processor):
-    ids = processor.tokenizer(' [545, 213, 740, 465]')["input_ids"]
+    ids = processor.tokenizer(" [545, 213, 740, 465]")["input_ids"]
     pieces = [processor.tokenizer.decode([token]) for token in ids]
     assert [p for p in pieces if p.strip().isdigit()] == list("545213740465")
