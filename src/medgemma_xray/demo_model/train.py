@@ -202,6 +202,21 @@ def sincos_positions(side: int, width: int):
     return torch.stack(codes[:width], dim=-1).reshape(side * side, width)
 
 
+def _probe(model, processor, phantoms, device, readout, step: int) -> dict:
+    """One held-out probe for the record and the log."""
+    accuracy = first_token_accuracy(model, processor, phantoms, device, readout)
+    read = accuracy.pop("readout")
+    mean = sum(accuracy.values()) / len(accuracy)
+    logger.info(
+        "step %d held-out first-token accuracy %.3f %s; read-out %s",
+        step,
+        mean,
+        {k: round(v, 2) for k, v in accuracy.items()},
+        {k: round(v, 2) for k, v in read.items()},
+    )
+    return {"step": step, "first_token_accuracy": accuracy, "readout_accuracy": read, "mean": mean}
+
+
 def prepare_for_training(model, seed: int) -> None:
     """Start the vision tower where the phantoms' findings are visible to it, and easy to train:
     - designed patch filters (brightness, edges, lines, blobs);
@@ -389,23 +404,9 @@ def train(args: argparse.Namespace) -> dict:
                 curve[-1]["elapsed_s"],
             )
         if args.probe_every and ((step + 1) % args.probe_every == 0 or step + 1 == args.steps):
-            accuracy = first_token_accuracy(model, processor, probe, args.device, readout)
-            read = accuracy.pop("readout")
-            probes.append(
-                {
-                    "step": step + 1,
-                    "first_token_accuracy": accuracy,
-                    "readout_accuracy": read,
-                    "mean": sum(accuracy.values()) / len(accuracy),
-                }
-            )
-            logger.info(
-                "step %d held-out first-token accuracy %.3f %s; read-out %s",
-                step + 1,
-                probes[-1]["mean"],
-                {k: round(v, 2) for k, v in accuracy.items()},
-                {k: round(v, 2) for k, v in read.items()},
-            )
+            probes.append(_probe(model, processor, probe, args.device, readout, step + 1))
+    if args.probe_every and stopped_early and (not probes or probes[-1]["step"] != stopped_early):
+        probes.append(_probe(model, processor, probe, args.device, readout, stopped_early))  # where it stopped
     return {
         "model": model.eval(),
         "processor": processor,
