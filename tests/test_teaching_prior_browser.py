@@ -9,8 +9,8 @@ on the demo model and a starter library with follow-up cases (progression pairs)
   beside the read;
 - a missed finding is remembered for the student (0600 file, their typed name only) and "Practise my misses"
   orders the library cases that show it, not the one just seen;
-- without the capability the control is disabled and says that MedGemma 1.5 compares (a server on the demo
-  checkpoint as installed), and a corrupt practice file is refused with what to do.
+- a corrupt practice file is refused with what to do; a teacher's prior for an uploaded film goes beside it.
+(Without the capability the control is disabled: tests/test_teaching_compare_controls.py.)
 """
 
 from __future__ import annotations
@@ -190,19 +190,6 @@ def test_a_corrupt_practice_file_is_refused_with_what_to_do(prior_server):
         assert memory.read_text() == "{broken"
     finally:
         memory.write_bytes(kept) if kept is not None else memory.unlink()
-
-
-def test_without_the_capability_what_changed_is_disabled_and_says_who_compares(browser, demo_server, demo_model_dir):
-    """The shared server on the demo checkpoint as installed (its starter library has follow-up cases)."""
-    marker = json.loads((demo_model_dir / "demo_checkpoint.json").read_text())
-    if "longitudinal" in marker.get("capabilities", []):
-        pytest.skip("the installed demo checkpoint compares with a prior (retrained): nothing to disable")
-    page = _open_page(browser, demo_server.url)
-    _open_case(page, "Phantom follow-up 01")
-    page.wait_for_selector("#teach-compare-note :text('MedGemma 1.5')", timeout=60_000)
-    assert page.locator("#teach-compare").is_disabled()
-    assert "does not compare a film with a prior" in page.inner_text("#teach-compare-note")
-    page.close()
 
 
 def test_a_teacher_uploads_a_prior_for_an_uploaded_film_and_not_for_a_library_case(prior_server, tmp_path):
