@@ -52,7 +52,10 @@ def revealed(demo_server, tmp_path_factory):
     client.predict(handle_file(str(film)), api_name="/teaching_upload_film")
     notes = FORMULA + " and \ud800 then " + NAME
     stream = call_escaped(
-        client, demo_server.url, "teaching_reveal", [True, *([None] * FORM.index("read_notes")), notes, ""]
+        client,
+        demo_server.url,
+        "teaching_reveal",
+        [True, *([None] * FORM.index("read_notes")), notes, *([""] * (len(FORM) - FORM.index("read_notes") - 1)), ""],
     )
     assert "event: complete" in stream and "event: error" not in stream, stream[-2000:]
     return client

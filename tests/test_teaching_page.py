@@ -14,6 +14,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from medgemma_xray.phantoms.films import chest_phantom, png_bytes, quantize
+from medgemma_xray.web.teaching_context import FORM
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +39,7 @@ def test_exports_are_dated_and_named_by_the_case(demo_server):
     client = Client(demo_server.url, verbose=False)
     title, case_id = first_case(client)
     client.predict(case_id, api_name="/teaching_open_case")
-    client.predict(False, *([None] * 25), "", api_name="/teaching_reveal")  # quiz off: the model's read alone
+    client.predict(False, *([None] * len(FORM)), "", api_name="/teaching_reveal")  # quiz off: the model's read alone
     markdown, sr = client.predict("Cough.", "", "", False, "Ana Lopez", api_name="/teaching_report")
     label = re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
     assert re.fullmatch(rf"{DATED}_teaching-report-[0-9a-f]{{4}}_{label}\.md", file_name(markdown)), markdown
@@ -61,7 +62,7 @@ def test_an_uploaded_films_warnings_are_in_its_notes_and_its_name_in_no_export(d
     notes = client.predict(handle_file(str(film)), api_name="/teaching_upload_film")  # the case's notes
     assert notes.startswith("### Uploaded film 1") and "PNG 8-bit" in notes
     assert "⚠️ No DICOM header: the view position (PA) could not be checked." in notes
-    client.predict(False, *([None] * 25), "", api_name="/teaching_reveal")
+    client.predict(False, *([None] * len(FORM)), "", api_name="/teaching_reveal")
     markdown, _ = client.predict("", "", "", False, "", api_name="/teaching_report")
     assert file_name(markdown).endswith("_uploaded-film-1.md") and "Doe" not in file_name(markdown)
 

@@ -19,13 +19,15 @@ from typing import TypeVar
 
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.keys import AnswerKeyError, key_from_record
+from medgemma_xray.teaching.prior_case import PriorFilm, prior_from_record
 
 logger = logging.getLogger(__name__)
 
 CASE_FORMAT = 1
 SIDECAR_SUFFIX = ".case.json"
 FILM_SUFFIXES = (".dcm", ".dicom", ".png", ".jpg", ".jpeg")
-CASE_FIELDS = {"case_format", "title", "history", "key", "teaching_points", "comparison"}
+CASE_FIELDS = {"case_format", "title", "history", "key", "teaching_points", "comparison", "prior"}
+STARTER_PAIRS = 4  # follow-up cases (a prior film and a change key) in the library the server writes
 STARTER_SEED = 900_000  # held out from training (seeds below 1,000,000) and from the evaluation's low seeds
 
 
@@ -38,6 +40,7 @@ class LibraryCase:
     key: PhantomLabels | None = None
     teaching_points: tuple[str, ...] = field(default=())
     comparison: str = ""
+    prior: PriorFilm | None = None  # an earlier film of the same patient (teaching/prior_case.py)
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ def case_from_record(record: object, case_id: str, film_path: Path) -> LibraryCa
             key = key_from_record(record["key"], "key")
         except AnswerKeyError as exc:
             problems.append(str(exc).split("\n", 1)[1].rsplit("\n", 1)[0].replace("- ", "key.", 1))
+    prior = None
+    if record.get("prior") is not None:
+        prior = prior_from_record(record["prior"], film_path.parent, film_path, problems)
     if problems:
         raise ValueError("; ".join(problems))
     return LibraryCase(
@@ -99,6 +105,7 @@ def case_from_record(record: object, case_id: str, film_path: Path) -> LibraryCa
         key=key,
         teaching_points=tuple(points),
         comparison=record.get("comparison", "").strip(),
+        prior=prior,
     )
 
 
@@ -225,9 +232,12 @@ def teaching_points(labels: PhantomLabels) -> list[str]:
     return points
 
 
-def write_starter_set(folder: Path, count: int = 8, start_seed: int = STARTER_SEED, rows: int = 512) -> list[Path]:
+def write_starter_set(
+    folder: Path, count: int = 8, start_seed: int = STARTER_SEED, rows: int = 512, pairs: int = 0
+) -> list[Path]:
     """Labelled phantoms as library cases (odd seeds 12-bit DICOM with pixel spacing, even seeds 8-bit PNG, which
-    has none), each with a history line, the labels as the key, and teaching points. Returns the films."""
+    has none), each with a history line, the labels as the key, and teaching points; then `pairs` follow-up cases
+    (teaching/starter_pairs.py), each with its prior film and change key. Returns the (current) films."""
     from medgemma_xray.phantoms.films import dicom_bytes, png_bytes, quantize
     from medgemma_xray.phantoms.labelled import FILM_HEIGHT_CM, labelled_phantom
 
@@ -261,6 +271,32 @@ def write_starter_set(folder: Path, count: int = 8, start_seed: int = STARTER_SE
         }
         (folder / f"{stem}{SIDECAR_SUFFIX}").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         written.append(film)
+    return written + _write_starter_pairs(folder, pairs)
+
+
+def _write_starter_pairs(folder: Path, count: int) -> list[Path]:
+    from medgemma_xray.teaching.prior_case import prior_record
+    from medgemma_xray.teaching.starter_pairs import PAIR_SEED, write_pair_films
+
+    written = []
+    for number, seed in enumerate(range(PAIR_SEED, PAIR_SEED + count), start=1):
+        pair = write_pair_films(folder, seed)
+        record = {
+            "case_format": CASE_FORMAT,
+            "title": f"Phantom follow-up {number:02d}",
+            "history": history_line(pair.current_labels, seed),
+            "comparison": f"Prior chest film, {pair.interval}.",
+            "key": json.loads(pair.current_labels.to_json()),
+            "teaching_points": [
+                *(f"Since the prior: {c.text}" for c in pair.changes if c.kind != "unchanged"),
+                *teaching_points(pair.current_labels),
+            ],
+            "prior": prior_record(
+                pair.prior_name, pair.interval, json.loads(pair.prior_labels.to_json()), list(pair.changes)
+            ),
+        }
+        (folder / f"{pair.stem}{SIDECAR_SUFFIX}").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        written.append(pair.film)
     return written
 
 
@@ -272,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, required=True, help="the library folder (created)")
     parser.add_argument("--count", type=int, default=8)
     parser.add_argument("--start_seed", type=int, default=STARTER_SEED)
+    parser.add_argument("--pairs", type=int, default=STARTER_PAIRS, help="follow-up cases with a prior film")
     args = parser.parse_args(argv)
-    films = write_starter_set(args.output, args.count, args.start_seed)
+    films = write_starter_set(args.output, args.count, args.start_seed, pairs=args.pairs)
     print(f"wrote {len(films)} cases into {args.output}")  # a command line's own output, not library logging
     return 0
 

@@ -15,6 +15,7 @@ from medgemma_xray.intake import IntakeFilm
 from medgemma_xray.phantoms.findings import PhantomLabels
 from medgemma_xray.teaching.library import LibraryCase, shuffled
 from medgemma_xray.teaching.marks import Pointing
+from medgemma_xray.teaching.prior_round import PriorView
 from medgemma_xray.teaching.session_export import CaseRecord
 from medgemma_xray.teaching.viewer import DisplayFilm, ViewState
 from medgemma_xray.xray_io import Radiograph
@@ -43,6 +44,8 @@ class Round:
     questions: tuple[tuple[str, str], ...] = ()
     asked_before_reveal: int = 0  # questions answered while the case was not yet revealed
     conversation_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    prior: PriorView | None = None  # an earlier film of the same patient, shown beside this one
+    change_read: dict[str, str] | None = None  # the student's "what changed" read, committed at the reveal
     pointing: Pointing = field(default_factory=Pointing)  # the student's marks and the model's boxes
 
     def key_regions(self):
@@ -66,6 +69,9 @@ class Round:
             teaching_points=self.teaching_points,
             asked_before_reveal=self.asked_before_reveal,
             thumbnail=thumbnail_png(self.display),
+            change_key=self.prior.change_key if self.prior is not None else None,
+            change_read=self.change_read,
+            change_statement=self.prior.statement if self.prior is not None else "",
             pointing=self.pointing,
             regions=self.pointing.key_regions,
         )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from medgemma_xray.assistant.spreadsheet import text_cell, valid_text
 from medgemma_xray.phantoms.findings import PhantomLabels
+from medgemma_xray.teaching.change_export import CHANGE_COLUMNS, change_cells, change_flowables
 from medgemma_xray.teaching.marks import Pointing
 from medgemma_xray.teaching.scoring import READ_FIELDS, FieldMark, Score, mark_text, score_read, shown
 
@@ -37,7 +38,7 @@ def field_columns() -> tuple[str, ...]:
 
 
 def csv_columns() -> tuple[str, ...]:
-    return (*CSV_LEAD, *field_columns(), *POINTING_COLUMNS, *CSV_TAIL)
+    return (*CSV_LEAD, *field_columns(), *POINTING_COLUMNS, *CHANGE_COLUMNS, *CSV_TAIL)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class CaseRecord:
     thumbnail: bytes = b""  # a small PNG of the film at its own window, for the handout
     pointing: Pointing = field(default_factory=Pointing)  # the student's marks and the model's boxes
     regions: tuple | None = None  # the key's regions (phantoms.regions.Region); None: the key says not where
+    change_key: dict[str, str] | None = None  # a case with a prior: the pair's changes (finding -> kind)
+    change_read: dict[str, str] | None = None  # the student's "what changed" read
+    change_statement: str = ""  # the model's answer to "what changed?"
 
     @property
     def student_score(self) -> Score | None:
@@ -165,6 +169,7 @@ def csv_rows(
             "asked_before_reveal": str(record.asked_before_reveal),
             **_field_cells(record),
             **_pointing_cells(record),
+            **change_cells(record.change_key, record.change_read, record.change_statement),
             "student_notes": record.student_notes,
             "questions_and_answers": " || ".join(f"Q: {q} A: {a}" for q, a in record.questions),
         }
@@ -314,6 +319,7 @@ def session_pdf(
             block += [Spacer(1, 2 * mm), _marks_table(record, para, mm, colors)]
         story.append(KeepTogether(block))
         story += _pointing_section(record, para, mm, colors)
+        story += change_flowables(record.change_key, record.change_read, record.change_statement, para, mm, colors)
         if record.student_notes:
             story.append(para(f"Student's notes: {record.student_notes}"))
         for point in record.teaching_points:

@@ -125,8 +125,8 @@ def _bound(wiring: Wiring, components: Mapping[str, Any], page: object) -> Calla
     def translate(update: Mapping[str, Any] | None) -> dict[Any, Any] | None:
         if not outputs:
             return None
-        if not update:
-            return {}
+        if not update:  # nothing changes: each output skipped (Gradio reads an empty dict as one missing value)
+            return {component: gr.skip() for component in outputs.values()}
         unknown = set(update) - set(outputs)
         if unknown:
             raise KeyError(f"{wiring.name} returned {sorted(unknown)}, which are not among its outputs")

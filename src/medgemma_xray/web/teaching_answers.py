@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from medgemma_xray.teaching.rounds import Round
+from medgemma_xray.web import teaching_practice
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_wiring import PageEvents
@@ -148,7 +149,8 @@ def _release(page: TeachingPage, session: SessionSlot, ticket) -> None:
 
 
 @EVENTS.on(["reveal_button.click"], inputs=["quiz", *FORM, "student_name", "session"],
-           outputs=["reveal_box", "student_score", "model_score", "session"], request=True, api_name="teaching_reveal",
+           outputs=["reveal_box", "student_score", "model_score", "change_box", "session"], request=True,
+           api_name="teaching_reveal",
            concurrency_id="generation")  # fmt: skip
 def reveal(page: TeachingPage, values: dict, request) -> Any:
     from medgemma_xray.assistant.report import report_request
@@ -159,7 +161,8 @@ def reveal(page: TeachingPage, values: dict, request) -> Any:
     if round_.revealed:
         raise refused("This case is already revealed; open the next case.", logger, "teaching")
     read, notes = _student_read(values)
-    asked = replace(round_, student_read=read, student_notes=notes) if values["quiz"] else round_
+    changes = teaching_practice.change_read_of(values, round_)  # a case with a prior: what changed, as read
+    asked = replace(round_, student_read=read, student_notes=notes, change_read=changes) if values["quiz"] else round_
     ticket = _claim(page, session, round_, request)
     generation = replace(report_request(round_.model_image, page.settings.max_new_tokens), image_key=round_.image_key)
     text = ""
@@ -183,7 +186,9 @@ def reveal(page: TeachingPage, values: dict, request) -> Any:
         box = f"**The model's report**\n\n```text\n{text}\n```\n\n{table}" + (
             f"\n\n**Teaching points**{points}" if points else ""
         )
-        yield {"reveal_box": box, "student_score": student_line, "model_score": model_line, "session": session}
+        after = teaching_practice.after_reveal(page, revealed, values.get("student_name"))  # the prior, practice
+        yield {"reveal_box": box, "student_score": student_line, "model_score": model_line, "change_box": after,
+               "session": session}  # fmt: skip
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
     finally:

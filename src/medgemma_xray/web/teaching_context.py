@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from medgemma_xray.phantoms.findings import FINDINGS
+from medgemma_xray.teaching.practice import MEMORY_FILE, PracticeMemory
 from medgemma_xray.teaching.rounds import Round, TeachingSession
 from medgemma_xray.web.page_errors import refused
 from medgemma_xray.web.page_session import SessionSlot
@@ -42,6 +44,9 @@ FORM_DEFAULTS: dict[str, Any] = {
     "read_pacemaker": False, "read_pacemaker_side": "",
     "read_rotated": "", "read_inspiration": "", "read_exposure": "", "read_rest_absent": False, "read_notes": "",
 }  # fmt: skip
+# The "what changed since the prior" read (a case with a prior): one choice per finding, "" for no change claimed.
+CHANGE_FORM = {f"change_{finding}": "" for finding in FINDINGS}
+FORM_DEFAULTS.update(CHANGE_FORM)
 FORM = list(FORM_DEFAULTS)
 
 
@@ -105,6 +110,10 @@ class TeachingPage:
     uploads: UploadInbox
     view_files: ViewFiles
     library_lock: threading.Lock = field(default_factory=threading.Lock)
+    practice: PracticeMemory = field(init=False)  # each student's missed findings (teaching/practice.py)
+
+    def __post_init__(self) -> None:
+        self.practice = PracticeMemory(Path(self.settings.log_dir) / MEMORY_FILE)
 
     @property
     def settings(self):
@@ -116,7 +125,7 @@ class TeachingPage:
 
     def library_folder(self) -> Path:
         """Resolved when the page is first opened, not at start-up: writing the starter set takes seconds."""
-        from medgemma_xray.teaching.library import SIDECAR_SUFFIX, write_starter_set
+        from medgemma_xray.teaching.library import SIDECAR_SUFFIX, STARTER_PAIRS, write_starter_set
 
         with self.library_lock:
             settings = self.settings
@@ -124,7 +133,7 @@ class TeachingPage:
                 return Path(settings.case_library)
             folder = Path(settings.log_dir) / "case-library"
             if not any(folder.glob(f"*{SIDECAR_SUFFIX}")):
-                write_starter_set(folder)
+                write_starter_set(folder, pairs=STARTER_PAIRS)
             return folder
 
     def library(self):

@@ -108,6 +108,13 @@ def mark_clicked(page: TeachingPage, values: dict, event) -> dict:
     x, y = event.index
     rows, cols = round_.display.shape
     row, col = viewer.view_crop(round_.display.shape, round_.view).to_film(float(x), float(y))
+    if round_.prior is not None:  # the prior beside the film: a mark is on the current film (either half)
+        from medgemma_xray.teaching.paired_view import current_film_point
+
+        point = current_film_point(round_.prior.display, round_.display, round_.view, float(x), float(y))
+        if point is None:
+            return {}
+        row, col = point
     at = ((row + 0.5) / rows, (col + 0.5) / cols)
     view = round_.view
     try:

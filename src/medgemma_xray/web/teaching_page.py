@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medgemma_xray.teaching.rounds import Round, TeachingSession, library_round, round_of, upload_names
-from medgemma_xray.web import teaching_answers, teaching_exports, teaching_marks, teaching_view
+from medgemma_xray.web import (
+    teaching_answers,
+    teaching_compare,
+    teaching_exports,
+    teaching_marks,
+    teaching_practice,
+    teaching_view,
+)
 from medgemma_xray.web.page_errors import refused, shown
 from medgemma_xray.web.page_session import SessionSlot
 from medgemma_xray.web.page_style import page_style
@@ -65,7 +72,7 @@ EVENTS = PageEvents()
 OPENED = ["case_info", "session"]  # what opening a case (the step that may refuse) changes
 SHOWN = [*VIEW_OUT, "model_view", "reveal_box", "student_score", "model_score", "chat", "indication", "comparison",
          "recommendation", "report_md", "report_sr", "question", "ask_button", *FORM,
-         *teaching_marks.NEW_CASE_OUT, "marks_sr"]  # fmt: skip
+         *teaching_marks.NEW_CASE_OUT, "marks_sr", *teaching_compare.PRIOR_CONTROLS, "change_box"]  # fmt: skip
 
 
 def _case_markdown(round_: Round) -> str:
@@ -127,6 +134,8 @@ def show_case(page: TeachingPage, values: dict) -> dict:
         **question_controls(questions_locked(page, bool(values.get("quiz", True)), round_)),
         **teaching_marks.new_case_outputs(page, round_),
         "marks_sr": hidden_update(),
+        **teaching_compare.prior_controls(page, round_),  # the prior's controls (a case with a prior film)
+        "change_box": "",
     }
 
 
@@ -150,9 +159,10 @@ def open_case(page: TeachingPage, values: dict) -> dict:
         raise refused("That case is no longer in the library; refresh the list.", logger, "teaching") from exc
     try:
         film, display = _read_film(page, case.film_path.read_bytes())
+        prior = teaching_compare.library_prior(page, case)  # its prior film, through the same intake
     except Exception as exc:
         raise shown(exc, logger, "teaching") from exc
-    return _opened(page, session, library_round(case, film, display))
+    return _opened(page, session, replace(library_round(case, film, display), prior=prior))
 
 
 @EVENTS.on(["open_case.success"], inputs=["quiz", "session"], outputs=SHOWN)
@@ -292,6 +302,7 @@ def add_teaching_page(
             ui["open_button"] = gr.Button("Open case", elem_id="teach-open", scale=1)
             ui["shuffle_button"] = gr.Button("Shuffle (quiz order)", elem_id="teach-shuffle", scale=1)
             ui["next_button"] = gr.Button("Next case", elem_id="teach-next", scale=1)
+            ui["practise_button"] = gr.Button("Practise my misses", elem_id="teach-practise", scale=1)
             ui["quiz"] = gr.Checkbox(True, label="Quiz: guess first, then reveal", elem_id="teach-quiz", scale=1)
             ui["projector"] = gr.Button("Projector layout (P)", elem_id="teach-projector", scale=1)
         with gr.Row(elem_classes="teach-engineering"):
@@ -309,6 +320,9 @@ def add_teaching_page(
                 label="Or upload a film (DICOM, PNG, JPEG)", type="filepath", elem_id="teach-upload"
             )
             ui["key_upload"] = gr.File(label="Teacher's answer key (JSON)", type="filepath", elem_id="teach-key")
+            ui["prior_upload"] = gr.File(
+                label="Prior film for the uploaded film (optional)", type="filepath", elem_id="teach-prior-upload"
+            )
         ui["case_info"] = gr.Markdown(elem_id="teach-case-info")
         with gr.Row(elem_id="teach-main-row"):
             with gr.Column(scale=1, min_width=170, elem_id="teach-tools"):
@@ -344,17 +358,24 @@ def add_teaching_page(
                     with gr.Row():
                         ui["ask_button"] = gr.Button("Ask", variant="primary", elem_id="teach-ask")
                         ui["stop_button"] = gr.Button("Stop", variant="stop", elem_id="teach-stop")
+                    ui["compare_button"] = gr.Button("What changed since the prior?", visible=False,
+                                                     elem_id="teach-compare")  # fmt: skip
+                    ui["compare_note"] = gr.Markdown(elem_id="teach-compare-note")
         with gr.Group(elem_id="teach-help"):
             gr.HTML(help_html(), padding=False, container=False)
             ui["help_close"] = gr.Button("Close (Esc)", elem_id="teach-help-close", size="sm")
         with gr.Accordion("Your read (before the reveal)", open=True, elem_classes="teach-form"):
             _read_form(ui, [""] + list(ALL_LOBES))
+        with gr.Accordion("What changed since the prior? (your read, before the reveal)", open=True, visible=False,
+                          elem_id="teach-change-read") as ui["change_group"]:  # fmt: skip
+            _change_form(ui)
         ui["reveal_button"] = gr.Button("Reveal", variant="primary", elem_id="teach-reveal")
         ui["mark_score"] = gr.Markdown(elem_id="teach-mark-score", elem_classes="teach-after")
         with gr.Row(elem_classes="teach-after"):
             ui["student_score"] = gr.Markdown(elem_id="teach-student-score")
             ui["model_score"] = gr.Markdown(elem_id="teach-model-score")
         ui["reveal_box"] = gr.Markdown(elem_id="teach-reveal-box", elem_classes="teach-after")
+        ui["change_box"] = gr.Markdown(elem_id="teach-change-box", elem_classes="teach-after")
         with gr.Accordion("Report: indication, comparison, recommendation; Markdown and DICOM SR", open=False,
                           elem_classes="teach-after"):  # fmt: skip
             ui["indication"] = gr.Textbox(label="Indication", elem_id="teach-indication")
@@ -382,7 +403,7 @@ def add_teaching_page(
             ui["session_pdf"] = gr.DownloadButton("Session handout (PDF)", visible=False, elem_id="teach-pdf")
         concurrency = {"generation": settings.generation_concurrency}
         for events in (EVENTS, teaching_view.EVENTS, teaching_answers.EVENTS, teaching_exports.EVENTS,
-                       teaching_marks.EVENTS):  # fmt: skip
+                       teaching_marks.EVENTS, teaching_compare.EVENTS, teaching_practice.EVENTS):  # fmt: skip
             events.wire(ui, page, concurrency=concurrency)
 
 
@@ -495,3 +516,18 @@ def _read_form(ui: dict[str, Any], lobes: list[str]) -> None:
         choice("read_exposure", FINDING_CHOICES["exposure"], "exposure")
     box("read_rest_absent", "Every finding I did not tick is absent (else unticked findings are not assessed)")
     ui["read_notes"] = gr.Textbox(label="Free text", lines=2, elem_id="read-notes")
+
+
+def _change_form(ui: dict[str, Any]) -> None:
+    """The change read: per finding, how it changed since the prior (elem_id change-<finding>); empty: no change
+    claimed (teaching/change_scoring.py)."""
+    import gradio as gr
+
+    from medgemma_xray.teaching.change_scoring import change_kinds
+    from medgemma_xray.web.teaching_context import CHANGE_FORM
+
+    kinds = ["", *change_kinds()]
+    with gr.Row():
+        for name in CHANGE_FORM:
+            label = name.removeprefix("change_").replace("_", " ")
+            ui[name] = gr.Dropdown(kinds, value="", label=label, elem_id=name.replace("_", "-"), min_width=120)

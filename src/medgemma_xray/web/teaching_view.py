@@ -26,13 +26,17 @@ def view_outputs(page: TeachingPage, round_: Round) -> dict[str, Any]:
     from medgemma_xray.teaching import viewer
     from medgemma_xray.teaching.pointing import layers_of
 
+    layers = layers_of(round_.pointing)  # the key's regions, the student's marks, the model's boxes
+    if round_.prior is not None:  # the prior beside the film, linked (web.teaching_pair_view)
+        from medgemma_xray.web.teaching_pair_view import paired_outputs
+
+        return paired_outputs(page, round_, layers)
     display, view = round_.display, round_.view
     full = None
     zoomed = viewer.needs_full(display, view)
     if zoomed or view.tool == "probe":
         values = page.intake.values(display.key)
         full = values.values if values is not None else None
-    layers = layers_of(round_.pointing)  # the key's regions, the student's marks, the model's boxes
     key = (display.key, view.centre, view.width, view.invert, view.zoom, view.focus, view.tool, view.points, layers)
 
     def render():  # only on a miss
@@ -136,7 +140,7 @@ def set_tool(page: TeachingPage, values: dict) -> dict:
 @EVENTS.on(["view.select"], inputs=["mark_finding", "mark_shape", "session"],
            outputs=[*VIEW_OUT, "session", "mark_list", "overlay_legend"], event=True)  # fmt: skip
 def clicked(page: TeachingPage, values: dict, event) -> dict:
-    from medgemma_xray.teaching import viewer
+    from medgemma_xray.teaching import paired_view, viewer
     from medgemma_xray.web.teaching_context import session_of
 
     held = session_of(values).value.current
@@ -144,4 +148,10 @@ def clicked(page: TeachingPage, values: dict, event) -> dict:
     if tool_click is not None:
         return tool_click(page, values, event)
     x, y = event.index
-    return _view_changed(page, values, lambda r: viewer.click(r.display, r.view, float(x), float(y)))
+
+    def clicked_on(r: Round):
+        if r.prior is not None:  # either half of the pair: the same click on the current film
+            return paired_view.click(r.prior.display, r.display, r.view, float(x), float(y))
+        return viewer.click(r.display, r.view, float(x), float(y))
+
+    return _view_changed(page, values, clicked_on)
