@@ -104,3 +104,10 @@ def test_two_image_parts_are_a_prior_where_the_checkpoint_compares_films_and_a_4
                 model=model, messages=films_message([prior, current, third], "What changed?"), max_tokens=2
             )
         assert three.value.body["code"] == "one_film_required"
+        # The localisation notebook's prompt, sent as written (1,063 bytes), is a question like any other here.
+        from medgemma_xray.grounding.prompts import localisation_prompt
+
+        question = localisation_prompt("pleural effusion")
+        assert len(question.encode()) > 1024
+        where = client.chat.completions.create(model=model, messages=films_message([current], question), max_tokens=2)
+        assert where.usage.completion_tokens == 2

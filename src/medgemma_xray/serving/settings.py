@@ -93,7 +93,8 @@ class Settings:
         None  # login: "user:scrypt-hash" lines in a 0600 file (python -m medgemma_xray.web.http_auth)
     )
     max_turns: int = 20  # questions in one conversation; then the user starts a new case
-    max_prompt_tokens: int = 1024  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call)
+    max_prompt_tokens: int = 2048  # tokens in one question, bounded by its UTF-8 bytes (no tokenizer call); room
+    #   for MedGemma 1.5's localisation prompt as Google's notebook writes it (1,063 bytes)
     questions_per_minute: int = 0  # questions and reports one client (login name, else address) may start a
     #   minute, at every door (web/asking.py); 0: no throttling
     # --- teaching rounds (web/teaching_page.py) ---

@@ -127,7 +127,7 @@ def to_openai(exc: AskRefused) -> tuple[int, dict[str, Any], dict[str, str]]:
 @dataclass(frozen=True)
 class AskLimits:
     max_turns: int = 20
-    max_prompt_tokens: int = 1024  # one question, and a system message
+    max_prompt_tokens: int = 2048  # one question, and a system message
     max_new_tokens: int = 300  # the server's longest answer (its assistant turns are at most this long)
     max_sequence: int = 4096  # prompt plus answer
     questions_per_minute: int = 0  # per client; 0: no throttling
