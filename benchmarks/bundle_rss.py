@@ -1,6 +1,7 @@
 """What a process serving an engine bundle on ONNX Runtime (CPU) keeps of its answers' memory, with the CPU arena's
 shrinkage after prompt and vision runs (what the executor does, onnx_executor.ARENA_SHRINK_ENTRY) and without it
-(the arena keeps every chunk until its session closes: before 2026-12-03).
+(the arena keeps every chunk until its session closes: before 2026-12-03), and with glibc's mmap threshold pinned
+as the server does at start (serving/memory.pin_mmap_threshold).
 
     python -m benchmarks.bundle_rss BUNDLE_DIR [--answers 60] [--cycles 3]
 
@@ -29,6 +30,11 @@ from typing import Any, cast
 
 PROMPT_REPEATS = (1, 100, 400, 800)  # "findings? " x N: 484 to 1,884 tokens with the film on the demo bundle
 CLIENTS = 6
+MODES = {  # what each child runs with
+    "keep": "arena keeps chunks (before 2026-12-03)",
+    "shrink": "arena shrinks after prompts",
+    "shrink+pin": "shrinks, glibc mmap threshold pinned at 1 MiB (the server)",
+}
 
 
 class _MallInfo2(ctypes.Structure):
@@ -171,11 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--answers", type=int, default=60, help="answers per open/serve/close cycle")
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--child", choices=["prompts-keep", "prompts-shrink", "cycles-keep", "cycles-shrink"])
+    parser.add_argument("--child", choices=[f"{e}-{m}" for e in ("prompts", "cycles") for m in MODES])
     args = parser.parse_args(argv)
     if args.child:
-        experiment, mode = args.child.split("-")
-        shrink = mode == "shrink"
+        experiment, mode = args.child.split("-", 1)
+        shrink = mode != "keep"
+        if mode == "shrink+pin":
+            from medgemma_xray.serving.memory import pin_mmap_threshold
+
+            pin_mmap_threshold()  # what the server does at start
         if experiment == "prompts":
             result = _prompts(args.bundle, shrink)
         else:
@@ -190,19 +200,16 @@ def main(argv: list[str] | None = None) -> int:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     print("One answer per prompt, conversation forgotten: RSS kept over a 1-word prompt / mmap'd MiB")
-    print("| prompt tokens | arena keeps chunks | arena shrinks after prompts |")
-    print("|---|---|---|")
-    for keep, shrink in zip(child("prompts-keep"), child("prompts-shrink"), strict=True):
-        print(
-            f"| {keep['prompt_tokens']} | {keep['rss_kept_mib']} / {keep['mapped_mib']} "
-            f"| {shrink['rss_kept_mib']} / {shrink['mapped_mib']} |"
-        )
+    print("| prompt tokens | " + " | ".join(MODES.values()) + " |")
+    print("|---|" + "---|" * len(MODES))
+    for rows in zip(*(child(f"prompts-{mode}") for mode in MODES), strict=True):
+        cells = " | ".join(f"{row['rss_kept_mib']} / {row['mapped_mib']}" for row in rows)
+        print(f"| {rows[0]['prompt_tokens']} | {cells} |")
     print(f"\nOpen, serve {args.answers} answers ({CLIENTS} clients), close; RSS MiB and CPU s of the answers")
     print("| mode | cycle | loaded | peak while serving | after the last answer | after close | CPU s |")
     print("|---|---|---|---|---|---|---|")
-    for mode in ("keep", "shrink"):
+    for mode, label in MODES.items():
         for row in child(f"cycles-{mode}"):
-            label = "arena keeps chunks" if mode == "keep" else "arena shrinks after prompts"
             print(
                 f"| {label} | {row['cycle']} | {row['loaded_mib']} | {row['peak_mib']} | {row['served_mib']} "
                 f"| {row['closed_mib']} | {row['cpu_s']} |"
