@@ -34,6 +34,24 @@ OPTIMIZATION_LEVELS = {
     "fp8": "ORT_ENABLE_BASIC",
 }
 
+# ONNX Runtime's CPU arena keeps every chunk it was extended by until its session closes. A prefill's attention
+# over the prompt is quadratic in its length, so one 1,884-token prompt of the demo bundle left the arena 385 MiB
+# of chunks and the process 148 MiB more RSS, held for the bundle's lifetime; each bundle session then sat at the
+# high-water mark of the longest prompt it had seen (the 60-minute soak's RSS growth, benchmarks/bundle_rss.py).
+# This run option hands the arena's free chunks back after the run that asked. Asked after prompt runs and vision
+# runs only: they are where the peak is and come once per prompt chunk or film, so the chunks are mapped again once
+# per prompt, not once per decoded token (decode steps stay in the arena's initial chunk).
+ARENA_SHRINK_ENTRY = ("memory.enable_memory_arena_shrinkage", "cpu:0")
+
+
+def shrink_after_run():
+    """RunOptions that give the CPU arena's unused chunks back to the system when the run ends."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry(*ARENA_SHRINK_ENTRY)
+    return options
+
 
 def cpu_threads() -> int:
     """ONNX Runtime's threads: OMP_NUM_THREADS where the operator set it (torch and numpy read it too; ONNX Runtime
@@ -88,12 +106,17 @@ class OnnxRuntimeExecutor:
         self.batch_store = KvStore(tensors, sequence_slots, self.kv_heads, self.head_dim, self.max_rows)
         self._bindings: dict[int, tuple] = {}  # id(store) -> (IO binding of its buffers, (batch, capacity) bound)
         self._batch: _DecodeBatch | None = None
+        self.shrink_after = shrink_after_run()  # for the runs whose peak is large: prompts and films
 
     def vision(self, pixel_values: np.ndarray) -> np.ndarray:
         """Image embeddings; batches above the bundle's max_batch run in chunks, as on TensorRT."""
         session = self.sessions["vision"]
         chunks = [
-            session.run(None, {"pixel_values": pixel_values[start : start + self.max_batch].astype(np.float32)})[0]
+            session.run(
+                None,
+                {"pixel_values": pixel_values[start : start + self.max_batch].astype(np.float32)},
+                self.shrink_after,
+            )[0]
             for start in range(0, pixel_values.shape[0], self.max_batch)
         ]
         return np.concatenate(chunks)
@@ -125,7 +148,8 @@ class OnnxRuntimeExecutor:
             value = np.ascontiguousarray(value)
             kept.append(value)  # alive until the run is over: bound by address
             binding.bind_input(name, "cpu", 0, value.dtype.type, list(value.shape), value.ctypes.data)
-        session.run_with_iobinding(binding)
+        # A prompt's run peaks with its length (attention over every key): its arena chunks go back after it.
+        session.run_with_iobinding(binding, self.shrink_after if inputs["inputs_embeds"].shape[1] > 1 else None)
         logits, *presents = binding.copy_outputs_to_cpu()
         return logits[:, -1].astype(np.float32), presents
 
