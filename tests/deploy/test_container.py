@@ -53,7 +53,7 @@ def test_the_base_image_is_pinned_by_tag_and_digest_and_the_image_runs_as_a_user
     [
         (None, "is not an engine bundle"),
         ("{not json", "is not valid JSON"),
-        (json.dumps({"format": 999}), "manifest format 999"),
+        (json.dumps({"format": 999}), "bundle format 999 is not"),
     ],
     ids=["no-manifest", "broken-json", "wrong-format"],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import numpy as np
@@ -138,7 +139,10 @@ def test_fp8_graphs_run_in_onnxruntime_as_written(int8_bundle, tmp_path):
     from medgemma_xray.engine_build.quantize import quantize_graph
     from medgemma_xray.trt_inference.runtime.onnx_executor import OPTIMIZATION_LEVELS
 
-    source = int8_bundle / "onnx" / "fp32" / "vision.onnx"
+    # A copy: ModelOpt may rewrite the graph it reads, and the bundle is shared by the session's other tests
+    # (its integrity check then refuses it).
+    source = tmp_path / "vision.onnx"
+    shutil.copyfile(int8_bundle / "onnx" / "fp32" / "vision.onnx", source)
     rng = np.random.default_rng(0)
     pixels = rng.uniform(-1, 1, (2, 3, 896, 896)).astype(np.float32)
     target = tmp_path / "vision.fp8.onnx"

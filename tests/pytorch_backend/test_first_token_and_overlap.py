@@ -135,7 +135,7 @@ def test_a_film_preprocessed_on_arrival_is_not_preprocessed_again(quick, films):
         assert calls == [1]  # on the submitting thread, before the loop admitted it
         "".join(ticket.deltas(60, 60))
         assert calls == [1] and quick.pixel_cache.hits >= 1  # the loop's vision call found the pixels
-        assert len(stats.token_ids) == 4
+        assert 1 <= len(stats.token_ids) <= 4 and stats.finish_reason is not None
     finally:
         scheduler.close(timeout_s=30)
         quick.pixel_values = original

@@ -112,7 +112,9 @@ def test_two_films_with_the_same_question_never_share_kv(shared, lone, films):
     assert b.prefix_cached_tokens == 0  # identical text, identical image-token ids: the film's hash keeps them apart
     assert a.token_ids == run(lone, ask(films[0], question, tokens=12)).token_ids
     assert b.token_ids == run(lone, ask(films[2], question, tokens=12)).token_ids
-    assert a.token_ids != b.token_ids  # the demo model reads the film: shared KV would have made them one answer
+    # The demo model reads the film (these phantoms show no finding, so the words may agree, their probabilities
+    # do not): shared KV would have made them one answer.
+    assert (a.token_ids, a.token_logprobs) != (b.token_ids, b.token_logprobs)
 
 
 def test_conversations_on_one_film_read_one_set_of_pages_and_other_films_none_of_them(shared, lone, films):
@@ -133,7 +135,8 @@ def test_conversations_on_one_film_read_one_set_of_pages_and_other_films_none_of
         shared.prepare_images(generations)
         assert shared.prefill_batch(generations) == [True, True, True]
         same, other, elsewhere = (g.conversation.kv.pages for g in generations)
-        cached = generations[0].stats.prefix_cached_tokens // 16
+        # Pages the two conversations on film 1 both take from the cache (the film and the text they share).
+        cached = min(g.stats.prefix_cached_tokens for g in generations[:2]) // 16
         assert cached >= 256 // 16  # at least the film's image tokens come from the cache
         assert same[:cached] == other[:cached]  # one set of pages for both conversations
         assert all(shared.pages.holders(page) >= 3 for page in same[:cached])  # the cache and both conversations
