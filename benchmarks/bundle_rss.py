@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any, cast
 
+from benchmarks.switch_rss import _rss_mib  # one reading of VmRSS for both RSS benchmarks
+
 PROMPT_REPEATS = (1, 100, 400, 800)  # "findings? " x N: 484 to 1,884 tokens with the film on the demo bundle
 CLIENTS = 6
 MODES = {  # what each child runs with
@@ -42,14 +44,6 @@ class _MallInfo2(ctypes.Structure):
         (name, ctypes.c_size_t)
         for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
     ] + [("keepcost", ctypes.c_size_t)]
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _mapped_mib() -> float:
