@@ -122,3 +122,48 @@ def test_run_record_and_marker_say_what_the_model_is_and_how_to_remake_it(two_ru
     from medgemma_xray.engine_bundle.checkpoint_profile import checkpoint_profile
 
     assert checkpoint_profile(first).capabilities == {"localisation", "longitudinal"}
+
+
+@pytest.mark.slow  # a third tiny run, continued from the first
+def test_a_continued_run_starts_from_its_parent_and_records_the_lineage(two_runs, tmp_path):
+    first, _ = two_runs
+    continued = tmp_path / "continued"
+    argv = ["--output", str(continued), "--init_from", str(first), "--seed", "5", *TINY]
+    # A tiny learning rate: two steps move each weight by about 2e-4, so the result stays next to its parent.
+    small = [
+        "--lr",
+        "1e-4",
+        "--vision_lr",
+        "1e-4",
+        "--readout_lr",
+        "1e-4",
+        "--probe_every",
+        "0",
+        "--eval_phantoms",
+        "0",
+    ]
+    assert train.main([*argv, *small]) == 0
+    record = json.loads((continued / train.RECORD_FILE).read_text())
+    parent = json.loads((first / train.RECORD_FILE).read_text())
+    assert [run["command"] for run in record["continued_from"]] == [parent["command"]]
+    assert record["continued_from"][0]["held_out_macro_f1"] == parent["held_out_eval"]["macro_f1"]
+    assert f"--init_from {first}" in record["command"]
+    assert weights_sha256(continued) != weights_sha256(first)
+    assert (continued / "tokenizer.json").read_bytes() == (first / "tokenizer.json").read_bytes()
+    from safetensors.torch import load_file
+
+    theirs, ours = load_file(first / "model.safetensors"), load_file(continued / "model.safetensors")
+    for name in ("embed_tokens", "patch_embedding.weight", "layers.0.mlp.down_proj"):
+        key = next(key for key in ours if name in key)
+        # A fresh model differs from the parent by about the weights' own size; the continued one by far less.
+        assert float((ours[key] - theirs[key]).abs().mean()) < float(theirs[key].abs().mean()) / 10, key
+
+
+def test_a_continued_run_refuses_a_parent_it_cannot_continue(two_runs, tmp_path):
+    first, _ = two_runs
+    with pytest.raises(SystemExit, match="not a trained demo checkpoint"):
+        train.main(["--output", str(tmp_path / "x"), "--init_from", str(tmp_path), *TINY])
+    with pytest.raises(SystemExit, match="tokenizer differs"):
+        train.main(["--output", str(tmp_path / "y"), "--init_from", str(first), *TINY, "--vocab_size", "900"])
+    with pytest.raises(SystemExit, match="same folder"):
+        train.main(["--output", str(first), "--init_from", str(first), *TINY])

@@ -244,6 +244,49 @@ def prepare_for_training(model, seed: int) -> None:
             layer.mlp.fc2.weight.zero_()
 
 
+def load_parent(parent: Path, tokenizer):
+    """The trained checkpoint that --init_from continues: its weights in fp32, after checking that it is a demo
+    checkpoint with this code's architecture and this run's tokenizer (a run that continued from another vocabulary
+    or shape would train nonsense and still write a checkpoint)."""
+    import torch
+    from transformers import Gemma3ForConditionalGeneration, PreTrainedTokenizerFast
+
+    from medgemma_xray.demo_model.build import is_demo_checkpoint
+
+    if not is_demo_checkpoint(parent) or not (parent / RECORD_FILE).is_file():
+        raise SystemExit(
+            f"--init_from {parent}: not a trained demo checkpoint (no demo marker or {RECORD_FILE}); "
+            "give the folder that `python -m medgemma_xray.demo_model.train --output FOLDER` wrote"
+        )
+    theirs = PreTrainedTokenizerFast(tokenizer_file=str(parent / "tokenizer.json")).get_vocab()
+    if theirs != tokenizer.get_vocab():
+        raise SystemExit(
+            f"--init_from {parent}: its tokenizer differs from the one this code builds with --vocab_size "
+            f"{len(tokenizer)} ({len(theirs)} tokens there); continue with the --vocab_size it was trained with"
+        )
+    model = Gemma3ForConditionalGeneration.from_pretrained(parent, dtype=torch.float32)
+    shape = {key: getattr(model.config.text_config, key) for key in TEXT_CONFIG if key != "rope_scaling"}
+    expected = {key: value for key, value in TEXT_CONFIG.items() if key != "rope_scaling"}
+    if shape != expected:
+        raise SystemExit(f"--init_from {parent}: its text config {shape} is not this code's {expected}")
+    return model
+
+
+def parent_summary(parent: Path) -> list[dict]:
+    """The lineage a continued run carries in its record: each earlier run's command, code, steps and wall time, so
+    the checkpoint can be remade run by run."""
+    record = json.loads((parent / RECORD_FILE).read_text())
+    own = {
+        "command": record.get("command"),
+        "code_commit": record.get("code_commit"),
+        "steps_run": record.get("stopped_early_at_step") or record.get("steps"),
+        "train_wall_s": record.get("train_wall_s"),
+        "hardware": record.get("hardware"),
+        "held_out_macro_f1": record.get("held_out_eval", {}).get("macro_f1"),
+    }
+    return [*record.get("continued_from", []), own]
+
+
 def learning_rate(step: int, steps: int, warmup: int, peak: float, time_progress: float = 0.0) -> float:
     """Linear warm-up, then a cosine down to a tenth of the peak. time_progress (0..1, the share of a time budget
     spent) moves the cosine on when it is ahead of the steps, so a run with a wall-clock budget still ends annealed
@@ -323,8 +366,12 @@ def train(args: argparse.Namespace) -> dict:
         time.perf_counter() - started,
     )
     config = build_config(len(tokenizer), TEXT_CONFIG, VISION_CONFIG)
-    model = build_model(config, seed=args.seed)
-    prepare_for_training(model, args.seed)
+    if args.init_from:
+        model = load_parent(args.init_from, tokenizer)
+        config = model.config
+    else:
+        model = build_model(config, seed=args.seed)
+        prepare_for_training(model, args.seed)
     if args.attention != "sdpa":
         model.set_attn_implementation(args.attention)  # eager: plain matmul + softmax, deterministic on CUDA
     model = model.to(args.device).train()
@@ -488,6 +535,7 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
             "vocab_size": result["config"].text_config.vocab_size,
             "parameters": sum(p.numel() for p in result["model"].parameters()),
         },
+        **({"continued_from": parent_summary(args.init_from)} if args.init_from else {}),
         "steps": args.steps,
         "stopped_early_at_step": result["stopped_early_at_step"],
         "loss_curve": result["curve"],
@@ -528,6 +576,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="do not train: evaluate the checkpoint in --output on CPU and add the figures to its training record",
     )
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    parser.add_argument(
+        "--init_from",
+        type=Path,
+        default=None,
+        help="continue training a checkpoint this command wrote (its weights; new read-outs, optimiser and schedule; "
+        "--seed then picks the data only); the record keeps the earlier runs' commands",
+    )
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--films_per_step", type=int, default=8)
     parser.add_argument("--pool_films", type=int, default=64, help="training films, drawn once (seeds from 1e6 up)")
@@ -591,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train_and_save(args: argparse.Namespace, argv: list[str]) -> int:
     started = time.perf_counter()
+    if args.init_from and args.init_from.resolve() == args.output.resolve():
+        raise SystemExit("--init_from and --output are the same folder: write the continued run to a new one")
     result = train(args)
     save(result, args, argv)
     evaluation = evaluate(args) if args.eval_phantoms else None
