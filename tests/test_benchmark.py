@@ -65,7 +65,9 @@ def test_benchmark_writes_every_figure_for_every_mode(tmp_path, int8_bundle, dem
         for figure in ("ttft_ms", "decode_ms_per_token", "end_to_end_s"):
             assert {"mean", "p50", "p99", "p999"} <= single[figure].keys(), (name, figure)
             assert single[figure]["n"] == 2
-        assert single["tokens_per_answer"]["min"] == 6  # the answer ran to its limit: decode was measured
+        # At least one decode step after the first token (decode was measured) and never past the limit; the demo
+        # model ends its answer to this question after 3 tokens, before the 6 allowed.
+        assert 2 <= single["tokens_per_answer"]["min"] <= single["tokens_per_answer"]["max"] <= 6
         assert [level["users"] for level in mode["concurrency"]] == [1, 2]
         for level in mode["concurrency"]:
             assert level["failures"] == 0 and level["answers"] == level["users"]
