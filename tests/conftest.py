@@ -32,33 +32,85 @@ def _isolated_variables() -> frozenset[str]:
 ISOLATED_VARIABLES = _isolated_variables()
 
 
-# The files with the most test time (2026-12-02, this 2-core machine, `-v --durations=0`), longest first. This
-# orders tests within a collection only: pytest-xdist's `--dist loadfile` hands files out sorted by their number of
-# tests unless `--no-loadscope-reorder` is given. That flag made both workers finish together, but each of its
-# three fresh-clone runs found one test that depended on order or load (fixed), so it stays off until a whole run
-# passes with it. Order only: every collected test still runs.
+# The order in which pytest-xdist hands out files (`--dist loadfile --no-loadscope-reorder` in pyproject.toml): the
+# longest first, so that the last files handed out are short ones and both workers finish together (longest
+# processing time first). Without the flag, xdist hands files out by their number of tests, fewest last: the
+# one-test files (the short soak, the 200 sessions, the load test: 2-3 min each) came last, and one worker ran
+# them alone while the other had finished. Measured: per-file totals of `pytest --junitxml` (setup, call and
+# teardown) over the whole suite, 2026-12-03 18:01-18:46 UTC, this 2-core host beside other helpers' work (load
+# average 4-12); the files that need the shared INT8 build lead, so that one worker builds it while the other
+# runs the longest file that needs no bundle. Files not listed follow in collection order (each under 10 s).
 LONGEST_FIRST = (
-    "test_operations.py",
+    "test_operations.py",  # INT8 bundle: built here at the start
     "test_teaching_browser.py",
     "test_lifecycle.py",
-    "test_session_memory.py",
-    "test_http_security.py",
-    "test_train_demo_model.py",
-    "test_trained_demo_model.py",
+    "test_front_door_conformance.py",
+    "test_soak.py",
     "test_batch_films.py",
-    "test_task_gate.py",
-    "test_engine_status.py",
-    "test_browser_case.py",
-    "test_ray_serve.py",
-    "test_hostile_clients.py",
-    "test_precisions.py",
-    "test_bundle_refusal.py",
+    "test_engine_status.py",  # builds the FP32 bundle
+    "test_session_memory.py",
     "test_build_safety.py",
-    "test_tensorrt_executor.py",
-    "test_benchmark.py",
+    "test_ray_cluster_security.py",
+    "test_front_door_browser.py",
     "test_load.py",
+    "test_ray_serve.py",
+    "test_train_demo_model.py",
+    "test_precisions.py",
+    "test_trained_demo_model.py",
+    "test_task_gate.py",
+    "test_browser_case.py",
+    "test_hostile_clients.py",
     "test_long_conversation_gate.py",
+    "test_tensorrt_executor.py",
+    "test_http_security.py",
+    "test_console_log.py",
+    "test_memory_bounds.py",
+    "test_teaching_prior_browser.py",
+    "test_login_throttle.py",
+    "test_connection_budget.py",
+    "test_bundle_refusal.py",
+    "test_openai_api.py",
+    "test_benchmark.py",
     "test_busy_server.py",
+    "test_openai_conventions.py",
+    "test_types.py",
+    "test_systemd_unit.py",
+    "test_teaching_session_memory.py",
+    "test_openai_timeout.py",
+    "test_gradio_upload_check.py",
+    "test_container.py",
+    "test_trt_inference.py",
+    "test_teaching_hostile_exports.py",
+    "test_log_dir.py",
+    "test_browser.py",
+    "test_asking.py",
+    "test_prior_film.py",
+    "test_decode_deadline.py",
+    "test_teaching_page.py",
+    "test_weight_only.py",
+    "test_torch_backend.py",
+    "test_regions.py",
+    "test_keep_alive.py",
+    "test_batch_runner.py",
+    "test_first_token_and_overlap.py",
+    "test_app_e2e.py",
+    "test_finish_from_onnx.py",
+    "test_film_check.py",
+    "test_lint.py",
+    "test_fused_step.py",
+    "test_shared_caches.py",
+    "test_progression.py",
+    "test_page_wiring.py",
+    "test_fuzz_loader.py",
+    "test_service.py",
+    "test_upload_route.py",
+    "test_openai_films.py",
+    "test_file_owners.py",
+    "test_fast_path.py",
+    "test_app_case_api.py",
+    "test_openai_prior.py",
+    "test_film_intake.py",
+    "test_upload_cache.py",
 )
 
 

@@ -547,16 +547,30 @@ def _long_answers_env(library_folder, random_model_dir, **extra: str) -> dict[st
     }
 
 
-def test_stop_frees_the_slot_for_the_next_question(browser, tmp_path_factory, random_model_dir, library_folder):
+@pytest.fixture(scope="module")
+def paced_teaching_server(tmp_path_factory, random_model_dir, library_folder):
+    """One paced server for both Stop tests (one start, not two). Questions open before the reveal: the Stop test
+    on a question is about the slot, not the quiz; Reveal works the same either way. Its stop is checked here,
+    once both tests have stopped their answers: a stopped answer gives its lease back, so SIGTERM finds nothing
+    running (an answer left open would run >= 20 s and outlast DRAIN_TIMEOUT_S)."""
+    env = _long_answers_env(library_folder, random_model_dir, DRAIN_TIMEOUT_S="5", TEACHING_QUESTIONS_BEFORE_REVEAL="1")
+    server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
+    yield server
+    server.stop()
+    assert "stopping anyway" not in server.log_text, "a stopped answer still held its lease at SIGTERM"
+    assert "stopped" in server.log_text.splitlines()[-1], server.log_text[-2000:]
+
+
+def test_stop_frees_the_slot_for_the_next_question(browser, paced_teaching_server, library_folder):
     """One decode slot and answers that run to 2048 tokens (the random-weight demo never stops early): after
     Stop, the stopped answer stays in the chat as far as it went, the slot empties, and the next question gets
     its own answer streaming while nothing has completed, so it did not wait for the stopped answer. Gradio's
     cancels= failed this now and then beside a busy core: the next question was taken and never answered."""
-    # A stopped answer gives its lease back: SIGTERM then finds nothing running (an answer left open would run
-    # >= 20 s and outlast this). Questions open before the reveal: this is about the slot, not the quiz.
-    env = _long_answers_env(library_folder, random_model_dir, DRAIN_TIMEOUT_S="5", TEACHING_QUESTIONS_BEFORE_REVEAL="1")
+    # That the stopped answers gave their leases back (SIGTERM finds nothing running) is checked at the server's
+    # stop, in paced_teaching_server.
     first, second = "Describe the findings.", "Is there a pleural effusion?"
-    server = start_server(tmp_path_factory.mktemp("stop-logs"), env=env, script="tests/support/paced_server.py")
+    server = paced_teaching_server
+    completed_before = _metric(server.url, "medgemma_requests_total")
     page = None
     try:
         page = _open_page(browser, server.url)
@@ -580,21 +594,18 @@ def test_stop_frees_the_slot_for_the_next_question(browser, tmp_path_factory, ra
     finally:
         if page is not None:
             page.close()
-        server.stop()
-    assert completed == 0, "the second answer started only after the stopped one had run to its end"
+    assert completed == completed_before, "the second answer started only after the stopped one had run to its end"
     body = stopped_answer.replace("Stopped. Ask again or ask another question.", "").strip()
     assert len(body) > 10, stopped_answer
     assert body[:10] in kept_answer, "the stopped answer left the conversation when the next was asked"
-    assert "stopping anyway" not in server.log_text, "a stopped answer still held its lease at SIGTERM"
-    assert "stopped" in server.log_text.splitlines()[-1], server.log_text[-2000:]
 
 
-def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, tmp_path_factory, random_model_dir, library_folder):
+def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, paced_teaching_server, library_folder):
     """Stop during Reveal: the page says the report was stopped, the slot empties, and Reveal runs again (a part
     of a report is not the model's read, so the case is not scored on it)."""
-    env = _long_answers_env(library_folder, random_model_dir)
     box = "() => document.querySelector('#teach-reveal-box').innerText"
-    server = start_server(tmp_path_factory.mktemp("reveal-stop-logs"), env=env, script="tests/support/paced_server.py")
+    server = paced_teaching_server
+    completed_before = _metric(server.url, "medgemma_requests_total")
     page = None
     try:
         page = _open_page(browser, server.url)
@@ -613,8 +624,7 @@ def test_a_stopped_report_leaves_the_case_to_be_revealed(browser, tmp_path_facto
     finally:
         if page is not None:
             page.close()
-        server.stop()
-    assert completed == 0, "a report ran to its end although Stop was pressed"
+    assert completed == completed_before, "a report ran to its end although Stop was pressed"
     assert "Model score" not in score, f"a stopped report was scored: {score!r}"
 
 
@@ -638,11 +648,15 @@ def _checkpoint_localises(model_dir: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pointing_server(tmp_path_factory, demo_model_dir, library_folder):
-    """The demo checkpoint, its marker declaring that it localises (the retrained demo declares it itself), so the
-    page asks the model Where?: it answers with boxes, or the page says it did not locate the finding."""
+def pointing_server(request, tmp_path_factory, demo_model_dir, library_folder):
+    """The demo checkpoint, its marker declaring that it localises, so the page asks the model Where?: it answers
+    with boxes, or the page says it did not locate the finding. The retrained demo declares it itself: then this is
+    the module's teaching server (the same checkpoint and library; one server start fewer)."""
     import json
 
+    if _checkpoint_localises(demo_model_dir):
+        yield request.getfixturevalue("teaching_server")
+        return
     folder = tmp_path_factory.mktemp("localising-demo")
     for item in demo_model_dir.iterdir():
         if item.name != "demo_checkpoint.json":
