@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--collect", action="store_true", help="gc.collect() at each snapshot, recording what it freed (alters the run)"
     )
+    parser.add_argument("--chase", default="", help="types (module.qualname, commas) whose holders to print")
     parser.add_argument("--engine_path", type=Path, help="switch to this bundle every 5 minutes (else PyTorch only)")
     parser.add_argument("--report-only", action="store_true", help="summarise OUTPUT/samples.jsonl again")
     parser.add_argument("soak_args", nargs="*", help="more arguments for benchmarks.soak, after --")
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             "RSS_PROBE_WARMUP_S": str(args.warmup_min * 60),
             "RSS_PROBE_SNAPSHOT_S": str(args.snapshot_every_s),
             "RSS_PROBE_COLLECT": "1" if args.collect else "0",
+            "RSS_PROBE_CHASE": args.chase,
         }
         soak = [sys.executable, "-m", "benchmarks.soak", "--minutes", str(args.minutes), "--no-faults"]
         soak += ["--engine_path", str(args.engine_path)] if args.engine_path else ["--no-switch"]

@@ -132,6 +132,48 @@ def type_counts() -> collections.Counter:
     return named
 
 
+def referrer_chain(target: object, depth: int = 8, ignore: tuple = ()) -> list[str]:
+    """Who keeps `target` alive: each step the first referrer that is not this probe's own frame or list, described
+    by its type (and, for a dict, the key that holds the previous step; for an object, its attribute)."""
+    import types
+
+    chain: list[str] = []
+    current, seen = target, {id(target), id(chain), *(id(i) for i in ignore)}
+    for _ in range(depth):
+        holders = [r for r in gc.get_referrers(current) if id(r) not in seen and not isinstance(r, types.FrameType)]
+        seen.add(id(holders))
+        holders = [r for r in holders if not (isinstance(r, list) and len(r) > 100_000)]  # gc.get_objects()
+        if not holders:
+            chain.append("(no more referrers)")
+            break
+        holder = min(holders, key=lambda r: isinstance(r, list | tuple | types.CellType))  # containers last
+        where = ""
+        if isinstance(holder, dict):
+            where = next((f" key {k!r:.80}" for k, v in holder.items() if v is current), "")
+            owners = [o for o in gc.get_referrers(holder) if getattr(o, "__dict__", None) is holder]
+            if owners:  # an object's attribute dict: name the object and the attribute
+                chain.append(f"{type(owner := owners[0]).__module__}.{type(owner).__qualname__}.{where.strip()}")
+                seen.update({id(holder), id(owner)})
+                current = owner
+                continue
+        chain.append(f"{type(holder).__module__}.{type(holder).__qualname__}{where} ({len(holders)} referrers)")
+        seen.add(id(holder))
+        current = holder
+    return chain
+
+
+def chase(type_names: list[str], samples: int = 3) -> list[str]:
+    """referrer_chain for the newest few objects of each named type (module.qualname)."""
+    lines = []
+    for name in type_names:
+        found = [o for o in gc.get_objects() if f"{type(o).__module__}.{type(o).__qualname__}" == name]
+        for obj in found[-samples:]:
+            lines.append(f"## who holds a {name} ({len(found)} alive)")
+            lines += [f"   <- {step}" for step in referrer_chain(obj, ignore=(found, lines))]
+        del found
+    return lines
+
+
 class Probe:
     """Owns one daemon thread; samples every `every_s` seconds into DIR/samples.jsonl, and every `snapshot_s`
     seconds after `warmup_s` writes DIR/diff-<seconds>.txt: tracemalloc's and gc's growth since the baseline."""
@@ -212,6 +254,8 @@ class Probe:
                     lines.append(f"{stat.size_diff / 1024:+10.1f} KiB {stat.count_diff:+8d}")
                     lines += [f"      {frame}" for frame in stat.traceback.format()[-16:]]
         self.previous, self.previous_types = snapshot, counts
+        wanted = [name for name in os.environ.get("RSS_PROBE_CHASE", "").split(",") if name]
+        lines += chase(wanted)
         (self.folder / f"diff-{os.getpid()}-{elapsed:05.0f}.txt").write_text("\n".join(lines) + "\n")
 
 
