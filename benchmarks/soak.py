@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every-s", type=float, default=5)
     parser.add_argument("--engine_path", type=Path, help="engine bundle to switch to (default: build the demo one)")
     parser.add_argument("--no-switch", action="store_true", help="PyTorch only (no bundle built)")
+    parser.add_argument(
+        "--no-faults", action="store_true", help="load (and switches) only: no kill, full disk or slow clients"
+    )
     parser.add_argument("--slow-clients", type=int, default=300)
     parser.add_argument("--log-disk-mib", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=16)
@@ -175,10 +178,10 @@ class Soak:
         workdir = Path(tempfile.mkdtemp(prefix="soak-", dir=scratch))
         log_dir = workdir / "logs"
         mounted = False
-        if args.log_disk_mib > 0 and os.geteuid() == 0:
+        if args.log_disk_mib > 0 and os.geteuid() == 0 and not args.no_faults:
             mount_log_disk(log_dir, args.log_disk_mib)
             mounted = True
-        elif args.log_disk_mib > 0:
+        elif args.log_disk_mib > 0 and not args.no_faults:
             self.body["skipped"].append("log_disk_full: mounting a tmpfs needs root")
         engine = None
         if not args.no_switch:
@@ -248,7 +251,7 @@ class Soak:
                 index += 1
         for thread in threads:
             thread.start()
-        schedule = SCHEDULE if args.minutes >= SHORT_MIN else SCHEDULE_SHORT
+        schedule = () if args.no_faults else SCHEDULE if args.minutes >= SHORT_MIN else SCHEDULE_SHORT
         planned = sorted((frac * args.minutes * 60, fault, dur * args.minutes * 60) for frac, fault, dur in schedule)
         ends: list[tuple[float, str, object]] = []
         mode, next_switch = "pytorch", args.switch_every_s

@@ -20,6 +20,12 @@ from medgemma_xray.teaching.session_export import CaseRecord
 from medgemma_xray.teaching.viewer import DisplayFilm, ViewState
 from medgemma_xray.xray_io import Radiograph
 
+# Cases one session keeps for its export. Each record holds a PNG thumbnail (about 25 KiB) and the case's text, and
+# a session lives as long as its tab (or SESSION_TTL_S after an API client's last call): without a bound, a client
+# that uploads and asks in a loop grew the server by a record per question (the one-hour soak's teaching user, 380
+# records). A round of a hundred cases is far beyond a class; beyond it the oldest go, and the export says so.
+MAX_SESSION_CASES = 100
+
 
 @dataclass(frozen=True)
 class Round:
@@ -85,6 +91,7 @@ class TeachingSession:
     order: tuple[str, ...] = ()  # case ids in quiz order
     uploads: int = 0
     forbidden: frozenset[str] = frozenset()
+    dropped: int = 0  # records let go from the front (MAX_SESSION_CASES): the first kept is case dropped + 1
 
     def with_round(self, round_: Round, forbidden: set[str] | frozenset[str] = frozenset()) -> TeachingSession:
         return replace(self, current=round_, record_index=None, forbidden=self.forbidden | frozenset(forbidden))
@@ -97,7 +104,9 @@ class TeachingSession:
         records = list(self.records)
         if self.record_index is None:
             records.append(round_.record())
-            return replace(session, records=tuple(records), record_index=len(records) - 1)
+            over = max(0, len(records) - MAX_SESSION_CASES)
+            records = records[over:]
+            return replace(session, records=tuple(records), record_index=len(records) - 1, dropped=self.dropped + over)
         records[self.record_index] = round_.record()
         return replace(session, records=tuple(records))
 

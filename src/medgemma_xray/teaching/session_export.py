@@ -90,6 +90,7 @@ class SessionInfo:
 
     student: str = ""
     day: datetime.date = field(default_factory=datetime.date.today)
+    first_case: int = 1  # the number of the first record exported (later than 1 once a long session let some go)
 
     @property
     def student_shown(self) -> str:
@@ -157,7 +158,7 @@ def csv_rows(
     forbidden = list(forbidden)
     info = info or SessionInfo()
     rows = []
-    for number, record in enumerate(records, start=1):
+    for number, record in enumerate(records, start=info.first_case):
         row = {
             "date": info.day.isoformat(),
             "student": info.student_shown,
@@ -307,13 +308,17 @@ def session_pdf(
 
     who = f"Student: {info.student_shown}" if info.student_shown else "Student: (not given)"
     byline = f"{info.day.isoformat()} · {who} · {len(records)} case(s)"
+    if info.first_case > 1:
+        byline += (
+            f" (cases {info.first_case}-{info.first_case + len(records) - 1}: a session keeps its last {len(records)})"
+        )
     story = [
         Paragraph(escape(title), styles["Title"]),
         para(byline, styles["Heading4"]),
         para("For education and research only. Not a medical device, not for diagnosis.", styles["Italic"]),
         Spacer(1, 4 * mm),
     ]
-    for number, record in enumerate(records, start=1):
+    for number, record in enumerate(records, start=info.first_case):
         block = _case_head(record, number, para, styles, mm)
         if record.key is not None:
             block += [Spacer(1, 2 * mm), _marks_table(record, para, mm, colors)]

@@ -79,6 +79,9 @@ def build_http_app(
     if extend is not None:
         extend(api, service)
     limit_session_state(demo, settings)
+    from medgemma_xray.web.session_strays import drop_stray_components
+
+    drop_stray_components(demo)  # a component copy per update, per session, for the session's life
     tune_queue(demo)
     app = gr.mount_gradio_app(
         api,

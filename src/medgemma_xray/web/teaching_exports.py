@@ -110,7 +110,7 @@ def export_session(page: TeachingPage, values: dict) -> dict:
         raise refused("Nothing to export yet: reveal at least one case.", logger, "teaching")
     folder = _export_folder(page, "teaching-session-")
     records = list(held.records)
-    info = SessionInfo(student=values["student_name"] or "", day=datetime.date.today())
+    info = SessionInfo(student=values["student_name"] or "", day=datetime.date.today(), first_case=held.dropped + 1)
     label = export_label(records[0].title) if len(records) == 1 else f"{len(records)}-cases"
     stem = export_stem("teaching-session", label, info.day)
     csv_path = _write_private(folder, f"{stem}.csv", session_csv(records, held.forbidden, info).encode("utf-8"))
