@@ -121,3 +121,24 @@ def test_box_coordinates_are_written_digit_by_digit(processor):
     ids = processor.tokenizer(" [545, 213, 740, 465]")["input_ids"]
     pieces = [processor.tokenizer.decode([token]) for token in ids]
     assert [p for p in pieces if p.strip().isdigit()] == list("545213740465")
+
+
+def test_extra_films_hold_the_findings_they_were_chosen_for(processor):
+    """--extra_films tilts the pool: every extra film holds one of the named findings, its seed lies in the
+    training range and outside the plain pool's and the pairs', and the choice is the same on every call."""
+    from medgemma_xray.demo_model.dataset import PAIR_SEED_OFFSET, enriched_seeds
+    from medgemma_xray.phantoms.findings import sample_labels
+
+    seeds = enriched_seeds(4, 12, ("nodule_or_mass", "pacemaker"))
+    assert len(set(seeds)) == 12 and seeds == enriched_seeds(4, 12, ("nodule_or_mass", "pacemaker"))
+    base = TRAIN_SEED_BASE + 4 * 100_000_000
+    assert all(base + 1_000_000 <= seed < base + PAIR_SEED_OFFSET for seed in seeds)
+    assert all(sample_labels(s).present("nodule_or_mass") or sample_labels(s).present("pacemaker") for s in seeds)
+    data = TeachingData(
+        processor, data_seed=4, films_per_step=2, pool_films=2, variants=1, extra_films=3, extra_with=("pacemaker",)
+    )
+    assert len(data.films) == 5 and all(film.labels.pacemaker is not None for film in data.films[2:])
+    with pytest.raises(ValueError, match="unknown finding"):
+        enriched_seeds(4, 1, ("nodules",))
+    with pytest.raises(ValueError, match="--extra_with"):
+        enriched_seeds(4, 1, ())

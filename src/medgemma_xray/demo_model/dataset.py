@@ -18,7 +18,7 @@ import numpy as np
 from medgemma_xray.demo_model import teaching
 from medgemma_xray.inference_api.contract import SYSTEM_PROMPT
 from medgemma_xray.phantoms.evaluation import TRAIN_SEED_BASE
-from medgemma_xray.phantoms.findings import PhantomLabels, sample_labels
+from medgemma_xray.phantoms.findings import FINDINGS, PhantomLabels, sample_labels
 from medgemma_xray.phantoms.questions import FINDING_QUESTIONS
 
 if TYPE_CHECKING:
@@ -258,6 +258,8 @@ class TeachingData:
         workers: int = 1,
         pool_pairs: int = 0,
         pairs_per_step: int = 0,
+        extra_films: int = 0,
+        extra_with: Sequence[str] = (),
     ) -> None:
         self.processor = processor
         self.tokeniser = ConversationTokeniser(processor)
@@ -269,7 +271,9 @@ class TeachingData:
             raise ValueError(f"pool_films ({pool_films}) must be at least films_per_step ({films_per_step})")
         if pool_pairs and pool_pairs < pairs_per_step:
             raise ValueError(f"pool_pairs ({pool_pairs}) must be at least pairs_per_step ({pairs_per_step})")
-        tasks = [(self.film_seed(index), variants) for index in range(pool_films)]
+        seeds = [self.film_seed(index) for index in range(pool_films)]
+        seeds += enriched_seeds(data_seed, extra_films, extra_with)
+        tasks = [(seed, variants) for seed in seeds]
         pair_seeds = [self.pair_seed(index) for index in range(pool_pairs)]
         if workers > 1:
             import multiprocessing
@@ -354,6 +358,27 @@ class TeachingData:
 
 
 PAIR_SEED_OFFSET = 50_000_000  # pair seeds lie this far above a data seed's film seeds (pools stay far below it)
+EXTRA_SEED_OFFSET = 20_000_000  # the seeds enriched_seeds scans start this far above a data seed's film seeds
+
+
+def enriched_seeds(data_seed: int, count: int, findings: Sequence[str]) -> list[int]:
+    """`count` more training-film seeds whose drawn labels hold at least one of `findings`: the first such seeds
+    from TRAIN_SEED_BASE + data_seed * 1e8 + EXTRA_SEED_OFFSET up. A pool tilted towards the findings a checkpoint
+    still gets wrong (small nodules, and pacemakers that a reader must not call a nodule), drawn from labels alone
+    (cheap), so the films stay a pure function of their seeds."""
+    if count and not findings:
+        raise ValueError("extra films need at least one finding to select them by (--extra_with)")
+    unknown = [finding for finding in findings if finding not in FINDINGS]
+    if unknown:
+        raise ValueError(f"unknown finding(s) {', '.join(unknown)}; choose from {', '.join(FINDINGS)}")
+    seeds: list[int] = []
+    candidate = TRAIN_SEED_BASE + data_seed * 100_000_000 + EXTRA_SEED_OFFSET
+    while len(seeds) < count:
+        labels = sample_labels(candidate)
+        if any(labels.present(finding) for finding in findings):
+            seeds.append(candidate)
+        candidate += 1
+    return seeds
 
 
 def _visit(count: int, per_step: int, order_seed: int, step: int) -> tuple[list[int], int]:

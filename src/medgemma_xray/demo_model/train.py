@@ -357,6 +357,8 @@ def train(args: argparse.Namespace) -> dict:
         args.workers,
         pool_pairs=args.pool_pairs,
         pairs_per_step=args.pairs_per_step,
+        extra_films=args.extra_films,
+        extra_with=args.extra_with,
     )
     logger.info(
         "film pool: %d films x %d variants, %d progression pairs ready (%.0f s)",
@@ -525,9 +527,13 @@ def write_record(result: dict, evaluation: dict | None, args: argparse.Namespace
             "pair_seeds": "TRAIN_SEED_BASE + seed * 1e8 + PAIR_SEED_OFFSET (5e7) + index",
             "data_seed": args.seed,
             "pool_films": args.pool_films,
+            "extra_films": args.extra_films,
+            "extra_with": list(args.extra_with),
             "conversation_variants": args.variants,
             "film_visits": args.steps * args.films_per_step,
-            "film_seeds": "TRAIN_SEED_BASE + seed * 1e8 + index, index < pool_films (held-out seeds are < 1e6)",
+            "film_seeds": "TRAIN_SEED_BASE + seed * 1e8 + index, index < pool_films (held-out seeds are < 1e6); "
+            "extra films: the first seeds from TRAIN_SEED_BASE + seed * 1e8 + EXTRA_SEED_OFFSET (2e7) up whose labels "
+            "hold one of extra_with",
         },
         "model_config": {
             "text": TEXT_CONFIG,
@@ -586,6 +592,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=900)
     parser.add_argument("--films_per_step", type=int, default=8)
     parser.add_argument("--pool_films", type=int, default=64, help="training films, drawn once (seeds from 1e6 up)")
+    parser.add_argument(
+        "--extra_films",
+        type=int,
+        default=0,
+        help="this many more training films, each holding one of --extra_with (a pool tilted to those findings)",
+    )
+    parser.add_argument(
+        "--extra_with",
+        type=lambda text: tuple(name for name in text.split(",") if name),
+        default=(),
+        help="comma-separated findings (phantoms.findings.FINDINGS) that select the --extra_films",
+    )
     parser.add_argument("--variants", type=int, default=4, help="conversation variants per film (one per epoch)")
     parser.add_argument("--workers", type=int, default=1, help="processes that draw the pool (same pool for any)")
     parser.add_argument(
