@@ -506,6 +506,7 @@ def held_out_record(evaluation: dict, args: argparse.Namespace) -> dict:
     kept = {k: v for k, v in evaluation.items() if k != "answers"}
     kept["seeds"] = f"{args.eval_start}..{args.eval_start + args.eval_phantoms - 1}"
     kept["sample_answers"] = evaluation["answers"][:16]
+    kept["wrong_answers"] = [answer for answer in evaluation["answers"] if not answer["correct"]]  # few; to read
     return kept
 
 
