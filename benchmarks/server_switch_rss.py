@@ -60,6 +60,21 @@ def _last_probe_row(probe_dir: Path, pid: int) -> dict:
     return {k: (round(last[k] / 2**20, 1) if k.startswith(("malloc", "smaps")) else last[k]) for k in PROBE_LAYERS}
 
 
+def _snapshot(probe_dir: Path, timeout_s: float = 120.0) -> str | None:
+    """Ask the server's probe for a gc snapshot now (who holds each --chase object); the file it wrote, if any (the
+    first snapshot is the baseline and writes none)."""
+    from devtools.rss_probe import SNAPSHOT_REQUEST
+
+    before = set(probe_dir.glob("diff-*.txt"))
+    request = probe_dir / SNAPSHOT_REQUEST
+    request.touch()
+    deadline = time.monotonic() + timeout_s
+    while request.exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    written = sorted(set(probe_dir.glob("diff-*.txt")) - before)
+    return str(written[-1]) if written else None
+
+
 class Run:
     """Owns the server (through benchmarks.supervisor), the load threads and the RSS sampler thread."""
 
@@ -96,7 +111,8 @@ class Run:
             (site / "sitecustomize.py").write_text("from devtools.rss_probe import start_from_env\nstart_from_env()\n")
             path = [str(site), str(REPO_ROOT), str(REPO_ROOT / "src"), env.get("PYTHONPATH", "")]
             env |= {"PYTHONPATH": os.pathsep.join(p for p in path if p), "RSS_PROBE_DIR": str(probe_dir)}
-            env |= {"RSS_PROBE_EVERY_S": "2", "RSS_PROBE_WARMUP_S": "1e9"}
+            env |= {"RSS_PROBE_EVERY_S": "2", "RSS_PROBE_WARMUP_S": "1e9", "RSS_PROBE_CHASE": args.chase}
+
         for pair in args.env:
             key, _, value = pair.partition("=")
             env[key] = value
@@ -111,7 +127,7 @@ class Run:
         recorder = Recorder(started)
 
         def pause(seconds: float) -> None:
-            self.stop.wait(seconds)
+            time.sleep(seconds)  # the clients are daemons: after the run they retry slowly until this process ends
 
         threads = [threading.Thread(target=self._sample, args=(pid, started), name="switch-rss-sampler", daemon=True)]
         for index in range(args.main_clients):
@@ -135,6 +151,7 @@ class Run:
         for thread in threads:
             thread.start()
         phases: list[dict] = []
+        answers = []
         try:
             mode = "pytorch"
             for index in range(2 * args.round_trips + 1):
@@ -151,15 +168,17 @@ class Run:
                 }
                 if args.probe:
                     phase["layers"] = _last_probe_row(probe_dir, pid)
+                if args.chase:
+                    phase["snapshot"] = _snapshot(probe_dir)
                 if index < 2 * args.round_trips:
                     mode = "trt" if mode == "pytorch" else "pytorch"
                     phase["switch"] = _switch(env, mode)
                 phases.append(phase)
                 print(json.dumps(phase), flush=True)
+            answers = recorder.snapshot()  # before the stop: answers refused by a stopping server are not the run's
         finally:
             self.stop.set()  # the clients are daemons: they end with this process, their server stopped
             supervisor.stop()
-        answers = recorder.snapshot()
         return {
             "command": "python -m benchmarks.server_switch_rss " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -168,6 +187,7 @@ class Run:
             "answers": {
                 "ok": sum(a.outcome == "ok" for a in answers),
                 "other": sum(a.outcome != "ok" for a in answers),
+                "messages": sorted({a.message[:160] for a in answers if a.outcome != "ok"})[:5],
             },
             "phases": phases,
             "summary": summary(phases),
@@ -205,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-clients", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--probe", action="store_true", help="sample the server's memory by layer (rss_probe)")
+    parser.add_argument(
+        "--chase", default="", help="with --probe: types (module.qualname, commas) whose holders to print"
+    )
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server's environment")
     parser.add_argument("--output", type=Path, help="write the run as JSON here")
     args = parser.parse_args(argv)
