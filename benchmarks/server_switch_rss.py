@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the server's environment")
     parser.add_argument("--output", type=Path, help="write the run as JSON here")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped run stops its server too (finally)
     result = Run(args).run()
     print(json.dumps(result["summary"], indent=1))
     if args.output is not None:

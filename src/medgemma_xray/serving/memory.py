@@ -58,21 +58,6 @@ def return_freed_memory() -> bool:
     return bool(trim(0))
 
 
-def collect_and_return_freed_memory(why: str) -> float:
-    """A full garbage collection, then malloc_trim: for after something large was dropped (a backend closed) whose
-    objects may be in reference cycles, which only a full collection frees. Returns the collection's seconds (it
-    holds the GIL meanwhile: every thread waits), logged with `why`."""
-    import gc
-    import time
-
-    started = time.perf_counter()
-    unreachable = gc.collect()
-    seconds = time.perf_counter() - started
-    return_freed_memory()
-    logger.info("%s: a full collection freed %d objects in %.3f s", why, unreachable, seconds)
-    return seconds
-
-
 class TrimSoon:
     """Call after freeing a session's state: one malloc_trim runs TRIM_DELAY_S later on the event loop that
     called (Gradio expires state from its loop), however many sessions expired meanwhile; off a loop, at once."""

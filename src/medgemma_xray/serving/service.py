@@ -68,16 +68,11 @@ class Served:
                 "the %s scheduler did not stop within %.0f s; closing its backend anyway", self.mode, timeout_s
             )
         self.backend.close()
-        # A closed backend's objects can sit in reference cycles: the ONNX Runtime executor and its decode batch
-        # and sequences point at each other, and with them its KV buffers and its IO bindings (which keep the
-        # graphs' sessions) stayed alive, about 140 MiB in use, until a full collection. A busy server runs one
-        # rarely (its young objects never add up to a quarter of the long-lived ones), so the one-hour soak's
-        # RSS stepped up at switches and stayed there (benchmarks/server_switch_rss.py). Collect now, then hand
-        # what was freed back to the system (glibc keeps it in its heaps otherwise) so MemoryMax sees what is
-        # really in use. The collection holds the GIL for a moment (logged), once per switch.
-        from medgemma_xray.serving.memory import collect_and_return_freed_memory
+        # A closed backend's weights and arenas are freed, but glibc keeps them in its heaps (the one-hour soak's
+        # RSS rose in steps at each switch): hand them back so MemoryMax sees what is really in use.
+        from medgemma_xray.serving.memory import return_freed_memory
 
-        collect_and_return_freed_memory(f"closing the {self.metric_label} backend")
+        return_freed_memory()
 
 
 class InferenceService:
