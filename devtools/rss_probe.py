@@ -48,6 +48,9 @@ SIZE_T_FIELDS = (
 )
 
 
+SNAPSHOT_REQUEST = "snapshot.request"  # a file a driver creates in DIR: one snapshot at the next sample, then deleted
+
+
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in SIZE_T_FIELDS]
 
@@ -140,12 +143,21 @@ def referrer_chain(target: object, depth: int = 8, ignore: tuple = ()) -> list[s
     chain: list[str] = []
     current, seen = target, {id(target), id(chain), *(id(i) for i in ignore)}
     for _ in range(depth):
-        holders = [r for r in gc.get_referrers(current) if id(r) not in seen and not isinstance(r, types.FrameType)]
-        seen.add(id(holders))
-        holders = [r for r in holders if not (isinstance(r, list) and len(r) > 100_000)]  # gc.get_objects()
-        if not holders:
-            chain.append("(no more referrers)")
-            break
+        referrers = [r for r in gc.get_referrers(current) if id(r) not in seen]
+        seen.add(id(referrers))
+        referrers = [r for r in referrers if not (isinstance(r, list) and len(r) > 100_000)]  # gc.get_objects()
+        holders = [r for r in referrers if not isinstance(r, types.FrameType)]
+        if not holders:  # only frames: a suspended generator's, a traceback's, or this probe's own (the current one)
+            frames = [r for r in referrers if isinstance(r, types.FrameType) and r is not sys._getframe()]
+            frames = [f for f in frames if f.f_code.co_filename != __file__]
+            if not frames:
+                chain.append("(no more referrers)")
+                break
+            frame = frames[0]
+            chain.append(f"frame {frame.f_code.co_qualname} at {frame.f_code.co_filename}:{frame.f_lineno}")
+            seen.add(id(frame))
+            current = frame
+            continue
         holder = min(holders, key=lambda r: isinstance(r, list | tuple | types.CellType))  # containers last
         where = ""
         if isinstance(holder, dict):
@@ -162,6 +174,46 @@ def referrer_chain(target: object, depth: int = 8, ignore: tuple = ()) -> list[s
     return chain
 
 
+def _holds(value: object, target: object, depth: int) -> bool:
+    """Does `value` reach `target` within `depth` steps through containers and instance attributes?"""
+    if value is target:
+        return True
+    if depth == 0 or isinstance(value, str | bytes | int | float | type(None)):
+        return False
+    if isinstance(value, dict):
+        children = list(value.values())
+    elif isinstance(value, list | tuple | set | frozenset):
+        children = list(value)[:1000]
+    else:
+        children = list(getattr(value, "__dict__", {}).values())
+    return any(_holds(child, target, depth - 1) for child in children)
+
+
+def frames_holding(target: object, depth: int = 3) -> list[str]:
+    """The running threads' frames and suspended generators whose locals reach `target` (within `depth` steps):
+    where a chain of referrers ends at a cell, the holder is a frame that gc cannot see (a running one)."""
+    import types
+
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    found = []
+    for ident, top in sys._current_frames().items():
+        frame: types.FrameType | None = top
+        while frame is not None:
+            if frame.f_code.co_filename != __file__:
+                for name, value in list(frame.f_locals.items()):
+                    if _holds(value, target, depth):
+                        where = f"{frame.f_code.co_qualname} at {frame.f_code.co_filename}:{frame.f_lineno}"
+                        found.append(f"thread {names.get(ident, ident)}: {where}, local {name!r}")
+            frame = frame.f_back
+    for generator in (o for o in gc.get_objects() if isinstance(o, types.GeneratorType)):
+        frame = generator.gi_frame
+        if frame is not None and any(_holds(v, target, depth) for v in list(frame.f_locals.values())):
+            found.append(
+                f"suspended generator {frame.f_code.co_qualname} at {frame.f_code.co_filename}:{frame.f_lineno}"
+            )
+    return found
+
+
 def chase(type_names: list[str], samples: int = 3) -> list[str]:
     """referrer_chain for the newest few objects of each named type (module.qualname)."""
     lines = []
@@ -170,6 +222,7 @@ def chase(type_names: list[str], samples: int = 3) -> list[str]:
         for obj in found[-samples:]:
             lines.append(f"## who holds a {name} ({len(found)} alive)")
             lines += [f"   <- {step}" for step in referrer_chain(obj, ignore=(found, lines))]
+            lines += [f"   in {where}" for where in frames_holding(obj)]
         del found
     return lines
 
@@ -216,6 +269,10 @@ class Probe:
             if since_ready is not None and since_ready >= self.next_snapshot:
                 self._snapshot(since_ready)
                 self.next_snapshot += self.snapshot_s
+            asked = self.folder / SNAPSHOT_REQUEST
+            if since_ready is not None and asked.exists():  # a driver's request, at a moment of its choosing
+                self._snapshot(since_ready)
+                asked.unlink(missing_ok=True)  # done: the driver waits for this
             time.sleep(self.every_s)
 
     def _snapshot(self, elapsed: float) -> None:

@@ -204,6 +204,98 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
         op.cleanup()
 
 
+# Bounds for test_round_trips_leave_no_bundle_behind. The demo bundle's heap in use on ONNX Runtime is about 140 MiB
+# (its sessions, IO bindings and KV buffers); before the fix, a closed bundle's stayed in the heap after each switch
+# back, until a full garbage collection (2026-12-03, python -m benchmarks.server_switch_rss: +130 to +430 MiB in
+# use over the first PyTorch phase, RSS +38 to +138 MiB). Half a bundle's heap, and RSS allowed to settle by less
+# than a third of the steps seen.
+HEAP_KEPT_BOUND_MIB = 60
+RSS_STEP_BOUND_MIB = 40
+
+
+def test_round_trips_leave_no_bundle_behind(tmp_path, int8_bundle, film):
+    """PyTorch <-> bundle round trips through the operator scripts, under a little load: after each switch back and
+    the bundle's close, the server's heap in use (glibc's own count, sampled inside the server by
+    devtools/rss_probe.py) stays near the first PyTorch phase's, and its RSS does not step up from trip to trip.
+    Bytes, not seconds: the same on any machine. The load makes decode batches on the bundle (two clients at once):
+    a batch and the executor pointed at each other, and that cycle kept the closed bundle alive."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("from devtools.rss_probe import start_from_env\nstart_from_env()\n")
+    probe = tmp_path / "probe"
+    python_path = os.pathsep.join([str(site), str(REPO_ROOT), str(REPO_ROOT / "src")])
+    op = Operator(
+        tmp_path / "logs",
+        free_port(),
+        MAX_NEW_TOKENS="16",
+        PYTHONPATH=python_path,
+        RSS_PROBE_DIR=str(probe),
+        RSS_PROBE_EVERY_S="0.5",
+        RSS_PROBE_WARMUP_S="1e9",  # samples only: no tracemalloc, no snapshots
+    )
+
+    def answers(clients: int = 2, questions: int = 2) -> None:
+        failed: list[str] = []
+
+        def one(index: int) -> None:
+            try:
+                client = Client(op.url, verbose=False)
+                client.predict(api_name="/new_case")
+                client.predict(handle_file(str(film)), api_name="/upload_film")
+                for turn in range(questions):
+                    chat = client.predict(f"Client {index}, turn {turn}: findings?", api_name="/ask")[0]
+                    assert chat[-1]["role"] == "assistant" and chat[-1]["content"]
+            except Exception as exc:  # reported below: the test fails on any
+                failed.append(repr(exc)[:300])
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert not failed, failed
+
+    def memory(pid: int) -> tuple[float, float]:
+        """(heap in use, RSS) in MiB, from the probe's first sample taken a second after now."""
+        after = time.time() + 1.0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = [json.loads(line) for line in (probe / "samples.jsonl").read_text().splitlines() if line.strip()]
+            later = [r for r in rows if r["pid"] == pid and r["t"] >= after and r.get("malloc_in_use") is not None]
+            if later:
+                return later[0]["malloc_in_use"] / 2**20, later[0]["smaps_Rss"] / 2**20
+            time.sleep(0.5)
+        raise AssertionError("the server's memory probe wrote no sample")
+
+    def closed_bundles() -> int:
+        return (op.log_dir / "gradio_app.log").read_text().count("TRTInference backend closed")
+
+    try:
+        assert op.run("start_gradio.sh", "--engine_path", str(int8_bundle)).returncode == 0
+        pid = op.pid()
+        answers()
+        levels = [memory(pid)]  # (heap, RSS) in each PyTorch phase: before any bundle, then after each trip
+        for trip in range(1, 5):
+            assert op.run("switch_to_trt.sh").returncode == 0
+            answers()
+            assert op.run("switch_to_pytorch.sh").returncode == 0
+            deadline = time.monotonic() + 60
+            while closed_bundles() < trip and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert closed_bundles() == trip
+            answers()
+            levels.append(memory(pid))
+        heap = [round(h, 1) for h, _ in levels]
+        rss = [round(r, 1) for _, r in levels]
+        print(f"\nPyTorch phases, before any bundle then after each round trip: heap in use {heap} MiB, RSS {rss} MiB")
+        kept = [h - heap[0] for h in heap[1:]]
+        assert max(kept) < HEAP_KEPT_BOUND_MIB, f"a closed bundle's heap stayed: {heap} MiB in use"
+        steps = [r - rss[1] for r in rss[2:]]  # the first trip's own step (first-use allocations) is the reference
+        assert max(steps) < RSS_STEP_BOUND_MIB, f"RSS stepped up from trip to trip: {rss} MiB"
+    finally:
+        op.cleanup()
+
+
 def test_breaker_trips_after_five_trt_failures_and_requests_still_answered(tmp_path, int8_bundle, film):
     """The real server, its TensorRT backend wrapped to fail (tests/support/faulty_server.py)."""
     log_dir, port = tmp_path / "logs", free_port()

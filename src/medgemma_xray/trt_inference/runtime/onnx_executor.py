@@ -213,6 +213,19 @@ class OnnxRuntimeExecutor:
         return OnnxSequence(self, self.slots.acquire(timeout_s))
 
     def close(self) -> None:
+        """Drop the sessions, the IO bindings (each keeps its session alive) and the running decode batch.
+
+        The batch and this executor point at each other, and the batch and its sequences too: left in place, those
+        cycles kept the executor, its KV buffers and, through the bindings, every graph's session (about 140 MiB
+        of the demo bundle's heap) after the backend closed, until a full garbage collection, which a busy server
+        runs rarely. The one-hour soak's RSS stepped up at switches to the bundle and stayed there
+        (benchmarks/server_switch_rss.py). Broken here, the bundle's memory goes when its backend does."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            for sequence in batch.members:
+                sequence.batch = None
+            batch.members.clear()
+        self._bindings.clear()
         self.sessions.clear()
 
 
