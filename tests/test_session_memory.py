@@ -68,7 +68,7 @@ def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(
         bound = start + SESSIONS * PER_SESSION_BYTES + TRANSIENT_BYTES
         warm_loaded_at = time.monotonic()  # the warm session's case was set before its upload returned
         loaded, failures, over = [0], [], threading.Event()
-        newest: list = [warm_loaded_at, warm]  # when the newest case was loaded, and the client whose session has it
+        newest: list = [warm_loaded_at, warm]  # when the last load returned, and the client whose session it was
         lock = threading.Lock()
 
         def client_loop(share: int) -> None:
@@ -85,7 +85,7 @@ def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(
                     return
                 with lock:
                     loaded[0] += 1
-                    newest[:] = [time.monotonic(), client]  # this client's session now holds the newest case
+                    newest[:] = [time.monotonic(), client]  # the last load so far returned before this
                 if rss_bytes(pid) > bound:
                     over.set()  # stop early: the old code would take this machine's memory
 
@@ -102,7 +102,9 @@ def test_two_hundred_idle_sessions_with_big_films_stay_bounded_and_are_released(
         assert loaded[0] == SESSIONS
 
         # After the time-to-live every case is dropped: the first session (loaded before all the others) has none,
-        # nor has the session that loaded the newest case (then every other case, each loaded before it, is gone).
+        # nor has the session whose load returned last. Every case was set before its load returned, so when that
+        # session is asked (TTL_S + 2 s after its load returned, or later) each case has passed its TTL by 2 s or
+        # more, and Gradio's once-a-second sweep has dropped them all.
         # A question answered refreshes its session's time-to-live, so a try that comes too early is followed by
         # another a whole TTL later. Gradio drops expired state once a second (and a request reads a session's
         # state as held, expired or not), so a refused question means the case was dropped.
