@@ -14,8 +14,10 @@ import os
 
 logger = logging.getLogger(__name__)
 TRIM_DELAY_S = 1.0  # expiries come in bursts (Gradio checks once a second): one trim after the burst
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (malloc.h)
+M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 1 << 20
+ARENA_MAX = 2
 
 
 def _libc():
@@ -44,6 +46,27 @@ def pin_mmap_threshold(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, threshold_bytes))
+
+
+def limit_malloc_arenas(arena_max: int = ARENA_MAX) -> bool:
+    """At most arena_max glibc arenas for the whole process, from now on.
+
+    glibc gives a thread that finds the arenas busy an arena of its own, up to 8 per core (16 on this 2-core host),
+    and never gives an arena back. Gradio's workers, the scheduler and ONNX Runtime's session threads (new ones at
+    every switch to a bundle) spread their blocks over all of them, and each arena keeps its own partly used pages.
+    Under the soak's load with a switch every 5 minutes, the heaps' size stepped up 12-19 MiB at each round trip
+    (benchmarks/results/2026-12-04-soak-rss-by-layer.md). Two arenas is what MALLOC_ARENA_MAX=2 gives, the usual
+    setting for long-running multi-threaded servers; the cost is lock contention in malloc, small beside the model.
+    An operator's own MALLOC_ARENA_MAX or GLIBC_TUNABLES=glibc.malloc.arena_max=... wins. Call it before threads
+    start: arenas made earlier stay. False where the C library is not glibc."""
+    if "MALLOC_ARENA_MAX" in os.environ or "glibc.malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""):
+        return False
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_ARENA_MAX, arena_max))
 
 
 def return_freed_memory() -> bool:

@@ -295,10 +295,12 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         cache.close()
         return exit_codes.PORT_IN_USE if isinstance(exc, PortInUseError) else exit_codes.BAD_CONFIGURATION
     logger.info("starting (PID %d, instance %s)", os.getpid(), settings.instance_id)
-    from medgemma_xray.serving.memory import MMAP_THRESHOLD_BYTES, pin_mmap_threshold
+    from medgemma_xray.serving.memory import ARENA_MAX, MMAP_THRESHOLD_BYTES, limit_malloc_arenas, pin_mmap_threshold
 
     if pin_mmap_threshold():  # before any model allocates: freed large blocks leave RSS at once (memory.py)
         logger.info("blocks of %d KiB or more are mmap'd (glibc's threshold pinned)", MMAP_THRESHOLD_BYTES // 1024)
+    if limit_malloc_arenas():  # before the workers start: their blocks share two heaps (memory.py)
+        logger.info("at most %d malloc arenas (glibc's limit set)", ARENA_MAX)
     old_files, open_files = raise_open_file_limit()
     if open_files < settings.max_connections + 256:
         logger.warning(
