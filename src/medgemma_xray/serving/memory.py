@@ -11,6 +11,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import threading
+import time
 
 logger = logging.getLogger(__name__)
 TRIM_DELAY_S = 1.0  # expiries come in bursts (Gradio checks once a second): one trim after the burst
@@ -18,6 +20,7 @@ M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (malloc.h)
 M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 1 << 20
 ARENA_MAX = 2
+TRIM_EVERY_S = 60.0
 
 
 def _libc():
@@ -103,3 +106,43 @@ class TrimSoon:
     def _run(self) -> None:
         self._scheduled = False
         return_freed_memory()
+
+
+class PeriodicTrim:
+    """malloc_trim once a minute, from a thread the HTTP server owns (start with the service, close at stop).
+
+    Trimming when something is freed is not enough. A closed bundle leaves ~80 MiB of free chunks in the middle
+    of the heaps, under blocks still in use, so the heap cannot shrink. malloc_trim at close gives those pages
+    back, but the PyTorch phase's passing allocations land in them again, and a freed block's pages stay
+    resident until the next trim. Under the soak's load, RSS in the PyTorch phases after a bundle sat 50-80 MiB
+    above the phase before it, with the in-use heap unchanged (benchmarks/results/2026-12-04-soak-rss-by-layer.md).
+    This is what jemalloc's decay thread does for its own heaps. A trim walks the two arenas in 8-40 ms; ctypes
+    releases the GIL meanwhile, and other threads' mallocs wait on the arena lock only for that walk."""
+
+    def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
+        self.every_s = every_s
+        self.trims = 0
+        self.seconds = 0.0  # time spent trimming, all trims together
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        """False where the C library has no malloc_trim (not glibc): nothing to do there."""
+        if getattr(_libc(), "malloc_trim", None) is None:
+            return False
+        self._thread = threading.Thread(target=self._run, name="malloc-trim", daemon=True)
+        self._thread.start()
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            started = time.perf_counter()
+            return_freed_memory()
+            self.seconds += time.perf_counter() - started
+            self.trims += 1
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None

@@ -339,6 +339,11 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         service.mode,
         "required" if auth else "off",
     )
+    from medgemma_xray.serving.memory import PeriodicTrim
+
+    trimmer = PeriodicTrim()
+    if trimmer.start():  # freed pages go back every minute, not only at a switch or an expiry (memory.py)
+        logger.info("freed heap memory is returned every %.0f s (malloc_trim)", trimmer.every_s)
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
         server.run(sockets=[listener])
     finally:
@@ -347,6 +352,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         if control is not None:
             control.close()
         service.close()
+        trimmer.close()
         cache.close()
         logger.info("stopped")
     return exit_codes.OK
