@@ -73,6 +73,46 @@ def attribution(rows: list[dict], warmup_s: float) -> list[dict]:
     return out
 
 
+PHASE_COLUMNS = ("smaps_Rss", "smaps_Anonymous", "malloc_heap", "malloc_free_in_heap", "malloc_in_use")
+
+
+def phases(rows: list[dict], switches: list[dict], warmup_s: float) -> list[dict]:
+    """Per backend phase (between the soak's switches) of the last server process: each layer's median over the
+    phase's second half, in MiB. The second half, because a phase's first minutes still carry the switch's
+    transients. Switch times are the soak's, samples the probe's: both count from within a second of the server's
+    start, which is far below a phase's length."""
+    if not rows:
+        return []
+    last = rows[-1]["pid"]
+    mine = [r for r in rows if r["pid"] == last and (r.get("since_ready") or -1) >= warmup_s]
+    if not mine:
+        return []
+    ends = [float(s["at_s"]) for s in switches if s.get("ok")] + [mine[-1]["s"] + 1]
+    starts = [mine[0]["s"]] + ends[:-1]
+    backends = ["pytorch"] + [s["to"] for s in switches if s.get("ok")]
+    out = []
+    for start, end, backend in zip(starts, ends, backends, strict=True):
+        start = max(start, mine[0]["s"])
+        half = [r for r in mine if (start + end) / 2 <= r["s"] < end]
+        if end <= start or not half:
+            continue
+        row = {"from_min": round(start / 60, 1), "to_min": round(end / 60, 1), "backend": backend}
+        for column in PHASE_COLUMNS:
+            values = sorted(r[column] for r in half if r.get(column) is not None)
+            row[column] = round(values[len(values) // 2] / (1 << 20), 1) if values else None
+        out.append(row)
+    return out
+
+
+def phase_table(result: list[dict]) -> str:
+    lines = ["| minutes | backend | " + " | ".join(PHASE_COLUMNS) + " |", "|---|---|" + "---|" * len(PHASE_COLUMNS)]
+    lines += [
+        f"| {r['from_min']}-{r['to_min']} | {r['backend']} | " + " | ".join(str(r[c]) for c in PHASE_COLUMNS) + " |"
+        for r in result
+    ]
+    return "\n".join(lines)
+
+
 def table(result: list[dict]) -> str:
     lines = ["| pid | layer | first | last | slope per min | over min |", "|---|---|---|---|---|---|"]
     lines += [
@@ -120,6 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     result = attribution(rows, args.warmup_min * 60)
     (output / "attribution.json").write_text(json.dumps(result, indent=1))
     text = table(result)
+    soak_file = output / "soak.json"
+    if soak_file.exists():  # medians per backend phase: what a switch keeps, layer by layer
+        by_phase = phases(rows, json.loads(soak_file.read_text()).get("switches", []), args.warmup_min * 60)
+        (output / "phases.json").write_text(json.dumps(by_phase, indent=1))
+        text += "\n\nMedians over the second half of each phase, MiB (last server process):\n\n" + phase_table(by_phase)
     (output / "attribution.md").write_text(text + "\n")
     print(text)
     return 0
