@@ -204,3 +204,5 @@ def test_the_ui_answers_through_the_ingress_and_control_reaches_each_replica(ser
     statuses = json.loads(result.stdout)
     assert len(statuses) == 2 and all(s["ready"] and s["mode"] == "pytorch" for s in statuses.values())
     assert {s["replica"].split("@")[0] for s in statuses.values()} == set(statuses)
+    # Each replica keeps its heap as the single server does (serving/memory.keep_heap_small): a trim thread runs.
+    assert all(s["heap"]["trim_every_s"] == 60 for s in statuses.values()), statuses

@@ -34,8 +34,11 @@ class ModelReplica:
     """Deployed by medgemma_xray.scaleout.serve_app with one GPU (or, for the demo, no GPU) per replica."""
 
     def __init__(self, settings_overrides: dict | None = None) -> None:
+        from medgemma_xray.serving.memory import keep_heap_small
         from medgemma_xray.serving.service import InferenceService
 
+        # As the single server does: the same heap creep across switches happens in a replica's process.
+        self._trimmer = keep_heap_small(logger)
         settings = Settings.from_env(**(settings_overrides or {}))
         self.name = replica_name()
         self.service = InferenceService(settings)
@@ -92,7 +95,9 @@ class ModelReplica:
         return self.service.info()
 
     def status(self, target_replica: str | None = None) -> dict:
-        return {"replica": self.name, **self.service.status()}
+        trimmer = self._trimmer
+        heap = {"trim_every_s": trimmer.every_s if trimmer.running else None, "trims": trimmer.trims}
+        return {"replica": self.name, **self.service.status(), "heap": heap}
 
     def switch(self, mode: str, target_replica: str | None = None) -> dict:
         """The hot switch on this replica (medgemma_xray.scaleout.control sends it to each one)."""
@@ -128,3 +133,6 @@ class ModelReplica:
         service = getattr(self, "service", None)
         if service is not None:
             service.close()
+        trimmer = getattr(self, "_trimmer", None)
+        if trimmer is not None:
+            trimmer.close()

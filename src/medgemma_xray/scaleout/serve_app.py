@@ -126,7 +126,9 @@ def build_app(args: dict | None = None):
 
         def __init__(self, model_handle, settings_overrides: dict) -> None:
             from medgemma_xray.scaleout.ingress_listener import IngressListener
+            from medgemma_xray.serving.memory import keep_heap_small
 
+            self._trimmer = keep_heap_small(logger)  # Gradio's sessions live in this process
             self._asgi, self._service, self._cache = build_ingress_app(model_handle, settings_overrides)
             self._listener = IngressListener(self._asgi, self._service.settings)
             self._listener.start()
@@ -150,6 +152,8 @@ def build_app(args: dict | None = None):
             if getattr(self, "_service", None) is not None:
                 self._service.close()
                 self._cache.close()
+            if getattr(self, "_trimmer", None) is not None:
+                self._trimmer.close()
 
     # serve.deployment returns a Deployment (which has bind) at run time; its stubs type the decorated class as itself
     return Ingress.bind(model.bind(overrides), overrides)  # type: ignore[attr-defined]

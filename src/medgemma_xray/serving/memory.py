@@ -141,8 +141,26 @@ class PeriodicTrim:
             self.seconds += time.perf_counter() - started
             self.trims += 1
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+
+
+def keep_heap_small(log: logging.Logger) -> PeriodicTrim:
+    """All three of this module's settings for a long-running serving process, logged: the mmap threshold pinned,
+    at most ARENA_MAX arenas, and a started PeriodicTrim, which the caller owns and closes. The HTTP server, a Ray
+    model replica and the Ray ingress each call it once, as early as they can: arenas made before it stay."""
+    if pin_mmap_threshold():
+        log.info("blocks of %d KiB or more are mmap'd (glibc's threshold pinned)", MMAP_THRESHOLD_BYTES // 1024)
+    if limit_malloc_arenas():
+        log.info("at most %d malloc arenas (glibc's limit set)", ARENA_MAX)
+    trimmer = PeriodicTrim()
+    if trimmer.start():
+        log.info("freed heap memory is returned every %.0f s (malloc_trim)", trimmer.every_s)
+    return trimmer

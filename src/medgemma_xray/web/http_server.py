@@ -295,12 +295,10 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         cache.close()
         return exit_codes.PORT_IN_USE if isinstance(exc, PortInUseError) else exit_codes.BAD_CONFIGURATION
     logger.info("starting (PID %d, instance %s)", os.getpid(), settings.instance_id)
-    from medgemma_xray.serving.memory import ARENA_MAX, MMAP_THRESHOLD_BYTES, limit_malloc_arenas, pin_mmap_threshold
+    from medgemma_xray.serving.memory import keep_heap_small
 
-    if pin_mmap_threshold():  # before any model allocates: freed large blocks leave RSS at once (memory.py)
-        logger.info("blocks of %d KiB or more are mmap'd (glibc's threshold pinned)", MMAP_THRESHOLD_BYTES // 1024)
-    if limit_malloc_arenas():  # before the workers start: their blocks share two heaps (memory.py)
-        logger.info("at most %d malloc arenas (glibc's limit set)", ARENA_MAX)
+    # Before any model allocates and before the workers start: freed memory leaves RSS (serving/memory.py).
+    trimmer = keep_heap_small(logger)
     old_files, open_files = raise_open_file_limit()
     if open_files < settings.max_connections + 256:
         logger.warning(
@@ -326,6 +324,7 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
     except Exception as exc:
         logger.error("startup failed: %s", exc)
         service.close()
+        trimmer.close()
         cache.close()
         listener.close()
         return exit_codes.startup_exit_code(exc)  # 2 for what a restart cannot fix
@@ -339,11 +338,6 @@ def main(argv: list[str] | None = None, *, build_ui, backend_factory=None, exten
         service.mode,
         "required" if auth else "off",
     )
-    from medgemma_xray.serving.memory import PeriodicTrim
-
-    trimmer = PeriodicTrim()
-    if trimmer.start():  # freed pages go back every minute, not only at a switch or an expiry (memory.py)
-        logger.info("freed heap memory is returned every %.0f s (malloc_trim)", trimmer.every_s)
     try:  # uvicorn turns SIGTERM/SIGINT into a graceful shutdown: running requests finish first
         server.run(sockets=[listener])
     finally:
