@@ -109,14 +109,14 @@ class TrimSoon:
 
 
 class PeriodicTrim:
-    """malloc_trim once a minute, from a thread the HTTP server owns (start with the service, close at stop).
+    """malloc_trim once a minute, from a thread its owner starts and closes (keep_heap_small's caller).
 
-    Trimming when something is freed is not enough. A closed bundle leaves ~80 MiB of free chunks in the middle
-    of the heaps, under blocks still in use, so the heap cannot shrink. malloc_trim at close gives those pages
-    back, but the PyTorch phase's passing allocations land in them again, and a freed block's pages stay
-    resident until the next trim. Under the soak's load, RSS in the PyTorch phases after a bundle sat 50-80 MiB
-    above the phase before it, with the in-use heap unchanged (benchmarks/results/2026-12-04-soak-rss-by-layer.md).
-    This is what jemalloc's decay thread does for its own heaps. A trim walks the two arenas in 8-40 ms; ctypes
+    Trimming when something is freed is not enough. A closed bundle leaves 80-130 MiB of free chunks in the
+    middle of the heaps, under blocks still in use, so the heap cannot shrink. The PyTorch phase's passing
+    allocations land in those chunks again, and a freed block's pages stay resident until the next trim. Under
+    the soak's load, RSS in the PyTorch phases after a bundle sat 51 and 103 MiB above the phase before the first
+    bundle, with the in-use heap unchanged (benchmarks/results/2026-12-04-soak-rss-by-layer.md). jemalloc's
+    decay thread does this for its own heaps. In a standalone test on a 380 MiB heap a trim took 8-40 ms; ctypes
     releases the GIL meanwhile, and other threads' mallocs wait on the arena lock only for that walk."""
 
     def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
