@@ -207,16 +207,18 @@ def test_switching_under_load_loses_no_request(tmp_path, int8_bundle, film):
 # Bounds for test_round_trips_leave_no_bundle_behind. The demo bundle's heap in use on ONNX Runtime is about 140 MiB
 # (its sessions, IO bindings and KV buffers); before the fix, a closed bundle's stayed in the heap after each switch
 # back, until a full garbage collection (2026-12-03, python -m benchmarks.server_switch_rss: +130 to +430 MiB in
-# use over the first PyTorch phase, RSS +38 to +138 MiB). Half a bundle's heap, and RSS allowed to settle by less
-# than a third of the steps seen.
+# use over the first PyTorch phase, RSS +38 to +138 MiB). Half a bundle's heap. RSS is printed, not bounded: a single
+# sample of it moves 40-70 MiB between trips with the heap in use flat within 1 MiB, with and without the arena limit
+# and the minute trim (four runs on 2026-12-04, one of them the suite's; glibc's free heap made resident by passing
+# allocations, benchmarks/results/2026-12-04-soak-rss-by-layer.md), so a bound that held would not separate a kept
+# bundle from that noise; the heap in use does.
 HEAP_KEPT_BOUND_MIB = 60
-RSS_STEP_BOUND_MIB = 40
 
 
 def test_round_trips_leave_no_bundle_behind(tmp_path, int8_bundle, film):
     """PyTorch <-> bundle round trips through the operator scripts, under a little load: after each switch back and
     the bundle's close, the server's heap in use (glibc's own count, sampled inside the server by
-    devtools/rss_probe.py) stays near the first PyTorch phase's, and its RSS does not step up from trip to trip.
+    devtools/rss_probe.py) stays near the first PyTorch phase's (RSS is printed: see the bounds' comment).
     Bytes, not seconds: the same on any machine. The load makes decode batches on the bundle (two clients at once):
     a batch and the executor pointed at each other, and that cycle kept the closed bundle alive."""
     site = tmp_path / "site"
@@ -289,9 +291,7 @@ def test_round_trips_leave_no_bundle_behind(tmp_path, int8_bundle, film):
         rss = [round(r, 1) for _, r in levels]
         print(f"\nPyTorch phases, before any bundle then after each round trip: heap in use {heap} MiB, RSS {rss} MiB")
         kept = [h - heap[0] for h in heap[1:]]
-        assert max(kept) < HEAP_KEPT_BOUND_MIB, f"a closed bundle's heap stayed: {heap} MiB in use"
-        steps = [r - rss[1] for r in rss[2:]]  # the first trip's own step (first-use allocations) is the reference
-        assert max(steps) < RSS_STEP_BOUND_MIB, f"RSS stepped up from trip to trip: {rss} MiB"
+        assert max(kept) < HEAP_KEPT_BOUND_MIB, f"a closed bundle's heap stayed: {heap} MiB in use (RSS {rss} MiB)"
     finally:
         op.cleanup()
 
