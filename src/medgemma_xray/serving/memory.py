@@ -12,7 +12,6 @@ import ctypes.util
 import logging
 import os
 import threading
-import time
 
 logger = logging.getLogger(__name__)
 TRIM_DELAY_S = 1.0  # expiries come in bursts (Gradio checks once a second): one trim after the burst
@@ -122,7 +121,6 @@ class PeriodicTrim:
     def __init__(self, every_s: float = TRIM_EVERY_S) -> None:
         self.every_s = every_s
         self.trims = 0
-        self.seconds = 0.0  # time spent trimming, all trims together
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,9 +134,7 @@ class PeriodicTrim:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
-            started = time.perf_counter()
             return_freed_memory()
-            self.seconds += time.perf_counter() - started
             self.trims += 1
 
     @property
